@@ -1,0 +1,71 @@
+//! The admin listener (default `127.0.0.1:9090`): `/healthz` says the
+//! process is alive, `/readyz` says the config is loaded and every listener
+//! is bound, and turns 503 while draining so load balancers stop sending.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+pub struct AdminState {
+    /// False once shutdown has begun.
+    pub ready: Arc<AtomicBool>,
+    pub listeners: Vec<(String, SocketAddr)>,
+}
+
+pub async fn serve(listener: TcpListener, state: AdminState) {
+    let state = Arc::new(state);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&req, &state)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
+fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    let (status, body) = match req.uri().path() {
+        "/healthz" => (StatusCode::OK, serde_json::json!({ "status": "ok" })),
+        "/readyz" => {
+            let listeners: Vec<_> = state
+                .listeners
+                .iter()
+                .map(|(name, addr)| serde_json::json!({ "name": name, "addr": addr.to_string() }))
+                .collect();
+            if state.ready.load(Ordering::SeqCst) {
+                (StatusCode::OK, serde_json::json!({ "status": "ready", "listeners": listeners }))
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "draining" }))
+            }
+        }
+        other => (
+            StatusCode::NOT_FOUND,
+            serde_json::json!({
+                "type": "about:blank",
+                "title": "Not Found",
+                "status": 404,
+                "detail": format!("no admin endpoint {other}; try /healthz or /readyz"),
+            }),
+        ),
+    };
+    let content_type = if status == StatusCode::NOT_FOUND { "application/problem+json" } else { "application/json" };
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}

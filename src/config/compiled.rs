@@ -1,0 +1,178 @@
+//! The runtime configuration: what the pipeline reads on every request.
+//! Built once by `validate` from the raw YAML types; nothing here is serde,
+//! every duration is a `Duration`, every address is parsed, every TLS key is
+//! loaded, and routes are pre-sorted so the first match is the right one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+
+#[derive(Debug)]
+pub struct Config {
+    pub listeners: Vec<ListenerConfig>,
+    /// `None` when `admin.enabled: false`.
+    pub admin: Option<AdminConfig>,
+    pub server: ServerConfig,
+    /// Routes refer to upstreams by index into this list.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Sorted by precedence: the first route that matches a request wins.
+    pub routes: Vec<RouteConfig>,
+    pub log: LogConfig,
+}
+
+#[derive(Debug)]
+pub struct ListenerConfig {
+    pub name: String,
+    pub bind: SocketAddr,
+    /// Present when this listener terminates TLS.
+    pub tls: Option<ListenerTls>,
+}
+
+pub struct ListenerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    /// Names the SNI resolver answers for, for `tollgate check`.
+    pub names: Vec<String>,
+    /// A client that has not finished its handshake by then is dropped.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for ListenerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerTls").field("names", &self.names).finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub bind: SocketAddr,
+}
+
+/// Per-connection protections shared by every listener.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Slowloris guard: the whole request head must arrive within this time.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight and no bytes moving is closed.
+    pub idle_timeout: Duration,
+    /// Sum of header name and value lengths above which tollgate answers 431.
+    pub max_header_bytes: usize,
+    /// Header count above which the request is refused (431).
+    pub max_headers: usize,
+    /// Default request body cap (413); routes may override it.
+    pub max_body_bytes: u64,
+    /// Across all listeners; at the cap tollgate stops accepting and lets the
+    /// kernel backlog queue new connections, like nginx `worker_connections`.
+    pub max_connections: usize,
+    pub h2_max_concurrent_streams: u32,
+    /// How long in-flight requests may run after SIGTERM before being cut.
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub targets: Vec<Target>,
+    /// Present when tollgate speaks HTTPS to this upstream.
+    pub tls: Option<UpstreamTls>,
+    pub connect_timeout: Duration,
+    /// Time allowed for the response head, and for each gap between body
+    /// chunks afterwards (nginx `proxy_read_timeout`).
+    pub timeout: Duration,
+    /// Pooled connections idle longer than this are not reused; keep it
+    /// below the upstream's own keep-alive timeout.
+    pub idle_timeout: Duration,
+    pub max_idle_per_target: usize,
+    /// A target that refused a connection is skipped for this long.
+    pub cooldown: Duration,
+    pub host_header: HostHeader,
+}
+
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `host:port` as written, used to connect and in logs.
+    pub authority: String,
+    pub host: String,
+    pub port: u16,
+}
+
+pub struct UpstreamTls {
+    pub config: Arc<rustls::ClientConfig>,
+    /// Overrides the name sent in SNI and checked against the certificate.
+    pub server_name: Option<rustls_pki_types::ServerName<'static>>,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls").field("server_name", &self.server_name).finish()
+    }
+}
+
+/// Which `Host` header the upstream sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostHeader {
+    /// The client's own `Host` (nginx `proxy_set_header Host $host`).
+    Preserve,
+    /// The target's `host:port` (nginx's default `$proxy_host`).
+    Target,
+    /// A fixed value.
+    Fixed(http::HeaderValue),
+}
+
+#[derive(Debug)]
+pub struct RouteConfig {
+    /// For logs and `check`; defaults to the route's position.
+    pub name: Arc<str>,
+    pub host: Option<HostMatch>,
+    pub path: PathMatch,
+    /// `None` matches every method.
+    pub methods: Option<Vec<Method>>,
+    pub action: RouteAction,
+    pub max_body_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Lower-case name without port.
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`; matches one or more labels.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Exact(String),
+    /// Plain string prefix, as nginx `location /prefix`.
+    Prefix(String),
+}
+
+#[derive(Debug)]
+pub enum RouteAction {
+    /// Index into `Config::upstreams`.
+    Forward(usize),
+    Respond(Respond),
+}
+
+/// A canned answer, like nginx `return`.
+#[derive(Debug, Clone)]
+pub struct Respond {
+    pub status: StatusCode,
+    pub body: Bytes,
+    pub headers: HeaderMap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A tracing filter directive such as `info` or `tollgate=debug`.
+    pub level: String,
+    pub access_log: bool,
+}

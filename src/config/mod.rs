@@ -1,0 +1,121 @@
+//! Configuration: YAML text -> `raw` serde types -> `validate` -> `compiled`
+//! runtime types. The pipeline only ever sees `compiled::Config`.
+//!
+//! Every problem in a file is reported at once, each with its YAML path
+//! (`routes[2].match.path: must start with "/", got "api"`), so `tollgate
+//! check` is one edit-and-retry loop, not one per mistake.
+
+pub mod compiled;
+pub mod raw;
+pub mod units;
+pub mod validate;
+
+use std::fmt;
+use std::path::Path;
+
+pub use compiled::*;
+
+use crate::error::ConfigError;
+
+/// One thing wrong with a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// YAML path such as `routes[2].limits[0].window`, or `(file)`.
+    pub path: String,
+    pub message: String,
+    /// Known for syntax errors only.
+    pub line: Option<usize>,
+}
+
+impl Problem {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem { path: path.into(), message: message.into(), line: None }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{} (line {line}): {}", self.path, self.message),
+            None => write!(f, "{}: {}", self.path, self.message),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a file, taking `${VAR}` from the process environment.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        Self::from_yaml(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Validates YAML text; `lookup` resolves `${VAR}`.
+    pub fn from_yaml(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let (raw, problems) = raw::load(text, lookup);
+        validate::validate(raw, problems).map_err(ConfigError::Invalid)
+    }
+
+    /// The one-screen summary `tollgate check` prints for a good file.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "listeners:");
+        for l in &self.listeners {
+            match &l.tls {
+                Some(t) => {
+                    let _ = writeln!(s, "  {:<12} {:<22} https  certs for: {}", l.name, l.bind, t.names.join(", "));
+                }
+                None => {
+                    let _ = writeln!(s, "  {:<12} {:<22} http (HTTP/1.1 and h2c)", l.name, l.bind);
+                }
+            }
+        }
+        match &self.admin {
+            Some(a) => {
+                let _ = writeln!(s, "admin:     {} (/healthz, /readyz)", a.bind);
+            }
+            None => {
+                let _ = writeln!(s, "admin:     disabled");
+            }
+        }
+        let _ = writeln!(s, "upstreams:");
+        for u in &self.upstreams {
+            let targets: Vec<&str> = u.targets.iter().map(|t| t.authority.as_str()).collect();
+            let _ = writeln!(
+                s,
+                "  {:<12} {}{}  connect {} / timeout {}",
+                u.name,
+                if u.tls.is_some() { "https " } else { "" },
+                targets.join(", "),
+                units::format_duration(u.connect_timeout),
+                units::format_duration(u.timeout),
+            );
+        }
+        let _ = writeln!(s, "routes (in match order):");
+        for r in &self.routes {
+            let host = match &r.host {
+                Some(HostMatch::Exact(h)) => h.clone(),
+                Some(HostMatch::Suffix(h)) => format!("*{h}"),
+                None => "*".to_owned(),
+            };
+            let path = match &r.path {
+                PathMatch::Exact(p) => format!("= {p}"),
+                PathMatch::Prefix(p) => format!("{p}*"),
+            };
+            let methods = r.methods.as_ref().map_or("any".to_owned(), |m| {
+                m.iter().map(Method::as_str).collect::<Vec<_>>().join(",")
+            });
+            let action = match &r.action {
+                RouteAction::Forward(i) => format!("-> {}", self.upstreams[*i].name),
+                RouteAction::Respond(resp) => format!("respond {}", resp.status.as_u16()),
+            };
+            let _ = writeln!(s, "  {:<14} {:<16} {:<20} {:<10} {}", r.name, host, path, methods, action);
+        }
+        s
+    }
+}
+
+use http::Method;

@@ -1,0 +1,94 @@
+//! Error types, one per boundary, and the one table that maps a request-time
+//! error to the HTTP status and problem body the client sees.
+
+use http::StatusCode;
+
+use crate::config::Problem;
+
+/// A config file that cannot be used: unreadable, or a list of problems.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{} problem(s) in the config:\n{}", .0.len(), join(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn join(problems: &[Problem]) -> String {
+    problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n")
+}
+
+/// Why tollgate answered a request itself instead of relaying the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches {method} {path}")]
+    NoRoute { method: String, path: String },
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String, allow: String },
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    #[error("request headers are {size} bytes; the limit is {limit}")]
+    HeadersTooLarge { size: usize, limit: usize },
+    #[error("request has {count} header fields; the limit is {limit}")]
+    TooManyHeaders { count: usize, limit: usize },
+    #[error("request body is larger than the {limit}-byte limit")]
+    BodyTooLarge { limit: u64 },
+    #[error("upstream \"{upstream}\" has no reachable target: {reason}")]
+    UpstreamUnreachable { upstream: String, reason: String },
+    #[error("upstream \"{upstream}\" failed: {reason}")]
+    UpstreamFailed { upstream: String, reason: String },
+    #[error("upstream \"{upstream}\" did not answer within {seconds}s")]
+    UpstreamTimeout { upstream: String, seconds: f64 },
+}
+
+impl ProxyError {
+    /// The single error -> status table. No catch-all arm: a new variant must
+    /// be placed here on purpose.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Whether the cause is the client (logged at debug) or us / the upstream
+    /// (logged at warn).
+    pub fn is_client_error(&self) -> bool {
+        self.status().is_client_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_maps_to_its_status() {
+        let up = || "api".to_owned();
+        let cases = [
+            (ProxyError::NoRoute { method: "GET".into(), path: "/x".into() }, 404),
+            (
+                ProxyError::MethodNotAllowed { method: "PUT".into(), path: "/x".into(), allow: "GET".into() },
+                405,
+            ),
+            (ProxyError::BadRequest("no host"), 400),
+            (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
+            (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
+            (ProxyError::BodyTooLarge { limit: 8 }, 413),
+            (ProxyError::UpstreamUnreachable { upstream: up(), reason: "refused".into() }, 502),
+            (ProxyError::UpstreamFailed { upstream: up(), reason: "reset".into() }, 502),
+            (ProxyError::UpstreamTimeout { upstream: up(), seconds: 1.0 }, 504),
+        ];
+        for (err, status) in cases {
+            assert_eq!(err.status().as_u16(), status, "{err}");
+            assert_eq!(err.is_client_error(), status < 500, "{err}");
+        }
+    }
+}

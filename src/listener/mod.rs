@@ -1,0 +1,225 @@
+//! Listeners: bind every configured address up front (so a port clash fails
+//! at start, not at the first request), then accept until shutdown.
+//!
+//! A global semaphore caps open connections across listeners: at the cap
+//! tollgate stops calling `accept` and the kernel backlog queues newcomers.
+//! Shutdown stops the accept loops, asks every connection to finish its
+//! in-flight requests, and waits up to `server.shutdown_grace`.
+
+pub mod conn;
+pub mod tls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin;
+use crate::config::{Config, ServerConfig};
+use crate::pipeline::client_ip::ClientIp;
+use crate::pipeline::{ConnInfo, Pipeline};
+use conn::ConnState;
+
+/// Bound sockets plus everything needed to serve them.
+pub struct Server {
+    listeners: Vec<Bound>,
+    admin: Option<TcpListener>,
+    pipeline: Arc<Pipeline>,
+    server: ServerConfig,
+}
+
+struct Bound {
+    name: Arc<str>,
+    listener: TcpListener,
+    /// TLS acceptor and handshake timeout, for HTTPS listeners.
+    tls: Option<(TlsAcceptor, Duration)>,
+}
+
+/// Per-listener state shared by its connections.
+struct ListenerCtx {
+    name: Arc<str>,
+    tls: Option<(TlsAcceptor, Duration)>,
+    builder: auto::Builder<TokioExecutor>,
+    pipeline: Arc<Pipeline>,
+    idle_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} ({name}): {source}")]
+pub struct BindError {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
+fn bind_socket(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+impl Server {
+    /// Binds all listeners and the admin port.
+    pub async fn bind(mut config: Config) -> Result<Server, BindError> {
+        let pipeline = Arc::new(Pipeline::new(&mut config));
+        let mut listeners = Vec::new();
+        for l in &config.listeners {
+            let listener = bind_socket(l.bind).map_err(|source| BindError {
+                name: l.name.clone(),
+                addr: l.bind,
+                source,
+            })?;
+            let tls = l.tls.as_ref().map(|t| (TlsAcceptor::from(t.config.clone()), t.handshake_timeout));
+            listeners.push(Bound { name: Arc::from(l.name.as_str()), listener, tls });
+        }
+        let admin = match &config.admin {
+            Some(a) => Some(bind_socket(a.bind).map_err(|source| BindError {
+                name: "admin".into(),
+                addr: a.bind,
+                source,
+            })?),
+            None => None,
+        };
+        Ok(Server { listeners, admin, pipeline, server: config.server })
+    }
+
+    /// `(listener name, bound address)`; the port is real even for `:0`.
+    pub fn addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.listeners
+            .iter()
+            .filter_map(|b| b.listener.local_addr().ok().map(|a| (b.name.to_string(), a)))
+            .collect()
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|a| a.local_addr().ok())
+    }
+
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// Serves until `shutdown` resolves, then drains.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let max = self.server.max_connections;
+        let slots = Arc::new(Semaphore::new(max));
+        let ready = Arc::new(AtomicBool::new(true));
+        let listed: Vec<(String, SocketAddr)> = self.addrs();
+
+        let mut accept_loops = tokio::task::JoinSet::new();
+        for b in self.listeners {
+            let ctx = Arc::new(ListenerCtx {
+                name: b.name,
+                tls: b.tls,
+                builder: http_builder(&self.server),
+                pipeline: self.pipeline.clone(),
+                idle_timeout: self.server.idle_timeout,
+            });
+            accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
+        }
+        let admin_task = self
+            .admin
+            .map(|l| tokio::spawn(admin::serve(l, admin::AdminState { ready: ready.clone(), listeners: listed })));
+
+        shutdown.await;
+        tracing::info!(grace_ms = self.server.shutdown_grace.as_millis() as u64, "shutting down: no new connections, draining in-flight requests");
+        ready.store(false, Ordering::SeqCst);
+        let _ = stop_tx.send(true);
+        while accept_loops.join_next().await.is_some() {}
+
+        let all = u32::try_from(max).unwrap_or(u32::MAX);
+        match tokio::time::timeout(self.server.shutdown_grace, slots.acquire_many(all)).await {
+            Ok(_) => tracing::info!("all connections drained"),
+            Err(_) => tracing::warn!(
+                open = max - slots.available_permits(),
+                "shutdown grace period over; closing the remaining connections"
+            ),
+        }
+        if let Some(t) = admin_task {
+            t.abort();
+        }
+    }
+}
+
+fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(s.header_read_timeout)
+        .keep_alive(true)
+        // Headers past our own limit still get parsed, so the client gets
+        // tollgate's 431 problem body; hyper's bare 431 is the backstop.
+        .max_buf_size((s.max_header_bytes * 2).max(64 << 10))
+        .max_headers((s.max_headers * 2).max(100));
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(s.h2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(s.max_header_bytes * 2).unwrap_or(u32::MAX));
+    b
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    ctx: Arc<ListenerCtx>,
+    slots: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stop.changed() => return,
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(listener = %ctx.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _slot = permit;
+            connection(tcp, peer, ctx, stop).await;
+        });
+    }
+}
+
+async fn connection(tcp: TcpStream, peer: SocketAddr, ctx: Arc<ListenerCtx>, stop: watch::Receiver<bool>) {
+    let _ = tcp.set_nodelay(true);
+    let info = Arc::new(ConnInfo {
+        listener: ctx.name.clone(),
+        peer,
+        client: ClientIp::from_peer(peer.ip()),
+        tls: ctx.tls.is_some(),
+        state: Arc::new(ConnState::new()),
+    });
+    let pipeline = ctx.pipeline.clone();
+    match &ctx.tls {
+        None => conn::serve(tcp, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
+        Some((acceptor, handshake_timeout)) => {
+            match tokio::time::timeout(*handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => conn::serve(tls, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        }
+    }
+}

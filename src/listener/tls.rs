@@ -1,0 +1,145 @@
+//! TLS termination: loads PEM certificate chains and keys, picks a
+//! certificate by SNI from the names in each certificate's SANs (exact name
+//! first, then `*.` wildcard, then the first certificate as the default), and
+//! offers ALPN `h2` then `http/1.1`. rustls speaks TLS 1.2 and 1.3 only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustls::crypto::ring::default_provider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Picks the certificate for a handshake.
+#[derive(Debug)]
+struct SniResolver {
+    /// Lower-case DNS name -> certificate.
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// `.example.com` (from `*.example.com`) -> certificate.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    /// Answers clients that send no SNI (or a name no certificate has), so
+    /// `curl https://1.2.3.4` still gets a certificate, like nginx's default.
+    default: Arc<CertifiedKey>,
+}
+
+impl SniResolver {
+    fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        let Some(name) = name else { return self.default.clone() };
+        let name = name.to_ascii_lowercase();
+        if let Some(k) = self.exact.get(&name) {
+            return k.clone();
+        }
+        if let Some(dot) = name.find('.') {
+            if let Some(k) = self.wildcard.get(&name[dot..]) {
+                return k.clone();
+            }
+        }
+        self.default.clone()
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.pick(hello.server_name()))
+    }
+}
+
+/// One problem with a certificate pair: (index, "cert" or "key", message).
+pub type CertProblem = (usize, &'static str, String);
+
+/// Builds the listener's rustls config from `(cert.pem, key.pem)` paths.
+/// Returns the names served, for `tollgate check`.
+pub fn server_config(
+    pairs: &[(&str, &str)],
+) -> Result<(Arc<rustls::ServerConfig>, Vec<String>), Vec<CertProblem>> {
+    let provider = Arc::new(default_provider());
+    let mut problems = Vec::new();
+    let mut exact = HashMap::new();
+    let mut wildcard = HashMap::new();
+    let mut default = None;
+    let mut names = Vec::new();
+    for (i, (cert_path, key_path)) in pairs.iter().enumerate() {
+        let chain: Result<Vec<CertificateDer<'static>>, _> =
+            CertificateDer::pem_file_iter(cert_path).and_then(|it| it.collect());
+        let chain = match chain {
+            Ok(c) if !c.is_empty() => c,
+            Ok(_) => {
+                problems.push((i, "cert", format!("{cert_path} holds no PEM certificate")));
+                continue;
+            }
+            Err(e) => {
+                problems.push((i, "cert", format!("cannot load {cert_path}: {e}")));
+                continue;
+            }
+        };
+        let key = match PrivateKeyDer::from_pem_file(key_path) {
+            Ok(k) => k,
+            Err(e) => {
+                problems.push((i, "key", format!("cannot load a private key from {key_path}: {e}")));
+                continue;
+            }
+        };
+        let certified = match CertifiedKey::from_der(chain, key, &provider) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                problems.push((i, "key", format!("{key_path} does not fit {cert_path}: {e}")));
+                continue;
+            }
+        };
+        let sans = match dns_names(&certified.cert[0]) {
+            Ok(n) => n,
+            Err(e) => {
+                problems.push((i, "cert", format!("{cert_path}: {e}")));
+                continue;
+            }
+        };
+        for name in sans {
+            let lower = name.to_ascii_lowercase();
+            match lower.strip_prefix('*') {
+                Some(suffix) => wildcard.entry(suffix.to_owned()).or_insert_with(|| certified.clone()),
+                None => exact.entry(lower.clone()).or_insert_with(|| certified.clone()),
+            };
+            names.push(lower);
+        }
+        default.get_or_insert_with(|| certified.clone());
+    }
+    let Some(default) = default else { return Err(problems) };
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let resolver = SniResolver { exact, wildcard, default };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| vec![(0, "cert", format!("tls setup failed: {e}"))])?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok((Arc::new(config), names))
+}
+
+/// The DNS names (and IP addresses, as text) in a certificate's SAN list.
+fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| format!("not a valid X.509 certificate: {e}"))?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) => names.push((*n).to_owned()),
+                GeneralName::IPAddress(bytes) => {
+                    let ip = match bytes.len() {
+                        4 => <[u8; 4]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
+                        _ => None,
+                    };
+                    names.extend(ip.map(|ip| ip.to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(names)
+}

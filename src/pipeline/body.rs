@@ -1,0 +1,241 @@
+//! Body types on both legs. Bodies stream frame by frame and are never
+//! buffered whole, so memory stays flat whatever the size.
+//!
+//! - `RequestBody`: the client's body on its way upstream, cut off with an
+//!   error once it passes the route's size limit (chunked bodies have no
+//!   length to check up front).
+//! - `ProxyBody`: what the client receives: a small body tollgate wrote, or
+//!   the upstream's body with an idle timeout between chunks. When the
+//!   upstream body ends cleanly the connection goes back to the pool; when it
+//!   fails the error is passed on so the client sees a broken response, never
+//!   a truncated one that looks complete. Dropping it ends the request for
+//!   the access log and the idle-connection watchdog.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use super::response::RequestEnd;
+use super::upstream::pool::Pooled;
+
+/// Why the client's body stopped on its way upstream.
+#[derive(Debug)]
+pub enum RequestBodyError {
+    TooLarge { limit: u64 },
+    Client(hyper::Error),
+}
+
+impl fmt::Display for RequestBodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestBodyError::TooLarge { limit } => write!(f, "request body exceeds {limit} bytes"),
+            RequestBodyError::Client(e) => write!(f, "reading the client body failed: {e}"),
+        }
+    }
+}
+
+impl StdError for RequestBodyError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            RequestBodyError::TooLarge { .. } => None,
+            RequestBodyError::Client(e) => Some(e),
+        }
+    }
+}
+
+/// The client's body, streamed upstream with a byte cap.
+#[derive(Debug)]
+pub struct RequestBody {
+    /// `None` for a request rebuilt for a retry (only bodiless ones are).
+    inner: Option<Incoming>,
+    /// Bytes still allowed before the body is cut with `TooLarge`.
+    remaining: u64,
+    limit: u64,
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, limit: u64) -> Self {
+        RequestBody { inner: Some(inner), remaining: limit, limit }
+    }
+
+    pub fn empty() -> Self {
+        RequestBody { inner: None, remaining: 0, limit: 0 }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else { return Poll::Ready(None) };
+        match ready!(Pin::new(inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > this.remaining {
+                        this.inner = None;
+                        return Poll::Ready(Some(Err(RequestBodyError::TooLarge { limit: this.limit })));
+                    }
+                    this.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => Poll::Ready(Some(Err(RequestBodyError::Client(e)))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+/// Why the upstream's body stopped on its way to the client.
+#[derive(Debug)]
+pub enum ResponseBodyError {
+    Upstream(hyper::Error),
+    IdleTimeout(Duration),
+}
+
+impl fmt::Display for ResponseBodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResponseBodyError::Upstream(e) => write!(f, "upstream body failed: {e}"),
+            ResponseBodyError::IdleTimeout(d) => write!(f, "upstream sent nothing for {}ms mid-body", d.as_millis()),
+        }
+    }
+}
+
+impl StdError for ResponseBodyError {}
+
+pin_project! {
+    /// The body of every response tollgate sends.
+    pub struct ProxyBody {
+        #[pin]
+        kind: Kind,
+        // Logs the request and releases the connection's in-flight count
+        // when the response is done (or abandoned).
+        end: Option<RequestEnd>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind {
+        Full { data: Option<Bytes> },
+        Upstream {
+            inner: Incoming,
+            // Re-armed after every frame: nginx `proxy_read_timeout`.
+            #[pin]
+            idle: Sleep,
+            idle_timeout: Duration,
+            // Returned to the pool once the body has ended cleanly.
+            conn: Option<Pooled>,
+        },
+    }
+}
+
+impl ProxyBody {
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        ProxyBody { kind: Kind::Full { data: (!data.is_empty()).then_some(data) }, end: None }
+    }
+
+    pub fn empty() -> Self {
+        ProxyBody { kind: Kind::Full { data: None }, end: None }
+    }
+
+    /// Streams an upstream body. An already-finished body (204, HEAD,
+    /// `Content-Length: 0`) frees its connection at once, since hyper may
+    /// never poll it.
+    pub fn upstream(inner: Incoming, idle_timeout: Duration, conn: Option<Pooled>) -> Self {
+        let conn = match conn {
+            Some(c) if inner.is_end_stream() => {
+                c.release();
+                None
+            }
+            other => other,
+        };
+        ProxyBody {
+            kind: Kind::Upstream { inner, idle: tokio::time::sleep(idle_timeout), idle_timeout, conn },
+            end: None,
+        }
+    }
+
+    pub fn set_end(&mut self, end: RequestEnd) {
+        self.end = Some(end);
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = ResponseBodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let polled = match this.kind.project() {
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Upstream { inner, mut idle, idle_timeout, conn } => match Pin::new(inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    idle.as_mut().reset(Instant::now() + *idle_timeout);
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    conn.take();
+                    Poll::Ready(Some(Err(ResponseBodyError::Upstream(e))))
+                }
+                Poll::Ready(None) => {
+                    if let Some(c) = conn.take() {
+                        c.release();
+                    }
+                    Poll::Ready(None)
+                }
+                Poll::Pending => match idle.poll(cx) {
+                    Poll::Ready(()) => {
+                        conn.take();
+                        Poll::Ready(Some(Err(ResponseBodyError::IdleTimeout(*idle_timeout))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                },
+            },
+        };
+        if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
+            if let Some(data) = frame.data_ref() {
+                end.add_bytes(data.len() as u64);
+            }
+        }
+        if let (Poll::Ready(Some(Err(_))), Some(end)) = (&polled, this.end.as_mut()) {
+            end.mark_aborted();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full { data } => data.is_none(),
+            Kind::Upstream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Upstream { inner, .. } => inner.size_hint(),
+        }
+    }
+}

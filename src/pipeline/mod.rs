@@ -1,0 +1,256 @@
+//! The request path, one stage per module, called in order by
+//! [`Pipeline::handle`]:
+//!
+//! ```text
+//! client_ip -> route -> upstream (forward) -> response
+//! ```
+//!
+//! (bypass, zones, identity and policy limits slot in between as they are
+//! built). `handle` is the outer handler: it logs once and turns a
+//! `ProxyError` into a problem response; `serve` is the inner one and uses `?`.
+
+pub mod body;
+pub mod client_ip;
+pub mod forward;
+pub mod response;
+pub mod route;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::uri::{PathAndQuery, Uri};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use self::body::{ProxyBody, RequestBody};
+use self::client_ip::ClientIp;
+use self::forward::Forwarded;
+use self::response::{AccessRecord, RequestEnd};
+use self::route::RouteMatch;
+use self::upstream::{Exchange, Upstream};
+use crate::config::{Config, HostHeader, RouteAction, RouteConfig};
+use crate::error::ProxyError;
+use crate::listener::conn::ConnState;
+
+/// Everything a request needs, shared by all connections.
+pub struct Pipeline {
+    routes: Vec<RouteConfig>,
+    /// Indexed like `Config::upstreams`, which routes refer to.
+    upstreams: Vec<Arc<Upstream>>,
+    max_header_bytes: usize,
+    max_headers: usize,
+    access_log: bool,
+}
+
+/// What the listener knows about a connection.
+pub struct ConnInfo {
+    pub listener: Arc<str>,
+    pub peer: SocketAddr,
+    /// The peer as a client, resolved once per connection.
+    pub client: ClientIp,
+    /// Whether tollgate terminated TLS on this connection (`X-Forwarded-Proto`).
+    pub tls: bool,
+    pub state: Arc<ConnState>,
+}
+
+impl Pipeline {
+    /// Takes the routes out of `config`; the rest of it is only read.
+    pub fn new(config: &mut Config) -> Self {
+        Pipeline {
+            routes: std::mem::take(&mut config.routes),
+            upstreams: config.upstreams.iter().map(|u| Arc::new(Upstream::new(u))).collect(),
+            max_header_bytes: config.server.max_header_bytes,
+            max_headers: config.server.max_headers,
+            access_log: config.log.access_log,
+        }
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams.iter().find(|u| &*u.name == name)
+    }
+
+    /// The outer handler: never fails, logs errors once, and settles the
+    /// request (access log, in-flight count) when the response body ends.
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let client = client_ip::resolve(&conn.client, req.headers());
+        let record = self.access_log.then(|| {
+            Box::new(AccessRecord {
+                listener: conn.listener.clone(),
+                client: client.ip,
+                method: req.method().clone(),
+                path: req.uri().path().to_owned(),
+                route: None,
+                upstream: None,
+                target: None,
+                // nginx's "client closed request", kept if the client goes
+                // away before there is a response.
+                status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            })
+        });
+        let mut end = RequestEnd::new(started, record, conn.state.clone());
+        let mut resp = match self.serve(req, conn, client, &mut end).await {
+            Ok(resp) => resp,
+            Err(err) => {
+                if err.is_client_error() {
+                    tracing::debug!(client = %client.ip, error = %err, "request refused");
+                } else {
+                    tracing::warn!(client = %client.ip, error = %err, "request failed");
+                }
+                response::problem(&err)
+            }
+        };
+        end.set_status(resp.status());
+        resp.body_mut().set_end(end);
+        resp
+    }
+
+    async fn serve(
+        &self,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+        client: &ClientIp,
+        end: &mut RequestEnd,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        self.check_headers(req.headers())?;
+        let host = request_host(&req)?;
+        let route = match route::find(&self.routes, host, req.uri().path(), req.method()) {
+            RouteMatch::Found(r) => r,
+            RouteMatch::MethodNotAllowed(allow) => {
+                return Err(ProxyError::MethodNotAllowed {
+                    method: req.method().to_string(),
+                    path: req.uri().path().to_owned(),
+                    allow,
+                })
+            }
+            RouteMatch::NotFound => {
+                return Err(ProxyError::NoRoute { method: req.method().to_string(), path: req.uri().path().to_owned() })
+            }
+        };
+        end.set_route(&route.name);
+        match &route.action {
+            RouteAction::Respond(r) => Ok(response::respond(r, req.method())),
+            RouteAction::Forward(i) => {
+                let upstream = &self.upstreams[*i];
+                end.set_upstream(&upstream.name);
+                self.forward(req, conn, client, upstream, route.max_body_bytes, end).await
+            }
+        }
+    }
+
+    fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
+        if headers.len() > self.max_headers {
+            return Err(ProxyError::TooManyHeaders { count: headers.len(), limit: self.max_headers });
+        }
+        let size: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+        if size > self.max_header_bytes {
+            return Err(ProxyError::HeadersTooLarge { size, limit: self.max_header_bytes });
+        }
+        Ok(())
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ConnInfo,
+        client: &ClientIp,
+        upstream: &Upstream,
+        max_body: u64,
+        end: &mut RequestEnd,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        if let Some(len) = content_length(req.headers()) {
+            if len > max_body {
+                return Err(ProxyError::BodyTooLarge { limit: max_body });
+            }
+        }
+        let upgrade = match req.version() {
+            Version::HTTP_11 => forward::requested_upgrade(req.headers()),
+            _ => None,
+        };
+        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+        let (mut parts, body) = req.into_parts();
+        let host = parts
+            .headers
+            .get(HOST)
+            .cloned()
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        let proto = if conn.tls { "https" } else { "http" };
+        forward::request_headers(&mut parts.headers, upgrade, Forwarded { client: &client.header, proto, host: host.clone() });
+        let host = match (&upstream.host_header, host) {
+            (HostHeader::Preserve, Some(h)) => h,
+            (HostHeader::Fixed(v), _) => v.clone(),
+            (HostHeader::Target | HostHeader::Preserve, _) => upstream.target_host_value(),
+        };
+        parts.headers.insert(HOST, host);
+        parts.uri = origin_form(&parts.uri);
+        parts.version = Version::HTTP_11;
+        let req = Request::from_parts(parts, RequestBody::new(body, max_body));
+
+        let mut target = None;
+        let sent = upstream.send(req, &mut target).await;
+        end.set_target(target);
+        let Exchange { mut response, conn: pooled } = sent?;
+
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching {
+            let Some(client_upgrade) = client_upgrade else {
+                return Err(ProxyError::UpstreamFailed {
+                    upstream: upstream.name.to_string(),
+                    reason: "answered 101 to a request that asked for no upgrade".into(),
+                });
+            };
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                // Keeps the upstream connection's sender alive until the
+                // upgrade has been handed over.
+                let _sender = pooled;
+                match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                    Ok((down, up)) => {
+                        let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                        if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
+                            tracing::debug!(error = %e, "upgraded tunnel closed with an error");
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
+                }
+            });
+            forward::response_headers(response.headers_mut(), true);
+            let (parts, _) = response.into_parts();
+            return Ok(Response::from_parts(parts, ProxyBody::empty()));
+        }
+        forward::response_headers(response.headers_mut(), false);
+        let (parts, incoming) = response.into_parts();
+        Ok(Response::from_parts(parts, ProxyBody::upstream(incoming, upstream.timeout, Some(pooled))))
+    }
+}
+
+/// The host the request is for: the URI authority (HTTP/2, absolute-form)
+/// or the `Host` header, without port. HTTP/1.1 requires one.
+fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, ProxyError> {
+    if let Some(h) = req.uri().host() {
+        return Ok(Some(h));
+    }
+    match req.headers().get(HOST) {
+        Some(v) => match v.to_str() {
+            Ok(s) if !s.is_empty() => Ok(Some(route::strip_port(s))),
+            _ => Err(ProxyError::BadRequest("the Host header is not a valid host")),
+        },
+        None if req.version() == Version::HTTP_11 => Err(ProxyError::BadRequest("HTTP/1.1 requests need a Host header")),
+        None => Ok(None),
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// `/path?query` for the upstream request line.
+fn origin_form(uri: &Uri) -> Uri {
+    let pq = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    Uri::from(pq)
+}
