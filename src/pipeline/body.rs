@@ -190,9 +190,17 @@ impl Body for ProxyBody {
         let this = self.project();
         let polled = match this.kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Upstream { inner, mut idle, idle_timeout, conn } => match Pin::new(inner).poll_frame(cx) {
+            KindProj::Upstream { inner, mut idle, idle_timeout, conn } => match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    idle.as_mut().reset(Instant::now() + *idle_timeout);
+                    if inner.is_end_stream() {
+                        // hyper stops polling once the length is reached,
+                        // so the clean end is seen here, not as `None`.
+                        if let Some(c) = conn.take() {
+                            c.release();
+                        }
+                    } else {
+                        idle.as_mut().reset(Instant::now() + *idle_timeout);
+                    }
                     Poll::Ready(Some(Ok(frame)))
                 }
                 Poll::Ready(Some(Err(e))) => {
