@@ -20,6 +20,9 @@ use tokio::sync::watch;
 
 use crate::pipeline::{ConnInfo, Pipeline};
 
+/// How long an idle connection may take to close gracefully.
+const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
+
 /// Shared between a connection's requests and its idle watchdog.
 pub struct ConnState {
     /// Requests whose response body has not finished yet.
@@ -88,6 +91,11 @@ pub async fn serve<I>(
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     let mut closing = false;
+    // An idle-closed HTTP/2 connection waits for the client to acknowledge
+    // the GOAWAY ping; a client that never does is dropped after this.
+    let hard_close = tokio::time::sleep(Duration::from_secs(3600));
+    tokio::pin!(hard_close);
+    let mut hard_close_armed = false;
     if *shutdown.borrow() {
         conn.as_mut().graceful_shutdown();
         closing = true;
@@ -98,6 +106,10 @@ pub async fn serve<I>(
                 if let Err(e) = res {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
+                break;
+            }
+            () = &mut hard_close, if hard_close_armed => {
+                tracing::debug!(%peer, "idle connection did not close gracefully; dropping it");
                 break;
             }
             _ = shutdown.changed(), if !closing => {
@@ -111,6 +123,8 @@ pub async fn serve<I>(
                         tracing::debug!(%peer, "closing idle connection");
                         conn.as_mut().graceful_shutdown();
                         closing = true;
+                        hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
+                        hard_close_armed = true;
                     }
                     Some(d) => idle.as_mut().reset(now + (idle_timeout - d)),
                     None => idle.as_mut().reset(now + idle_timeout),

@@ -1,0 +1,119 @@
+//! TLS listeners: rcgen-made CA and certificates, SNI picks the matching
+//! certificate (the first is the default), ALPN negotiates h2, and
+//! `X-Forwarded-Proto` says https.
+
+mod common;
+
+use common::*;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use x509_parser::prelude::*;
+
+fn tls_yaml(ca: &TestCa, up: &Upstream) -> String {
+    let (api_cert, api_key) = ca.leaf("api", &["api.example.com"]);
+    let (www_cert, www_key) = ca.leaf("www", &["www.example.com", "*.shop.example.com"]);
+    format!(
+        "listeners:\n  - name: public\n    bind: '127.0.0.1:0'\n    tls:\n      certs:\n        - {{ cert: '{api_cert}', key: '{api_key}' }}\n        - {{ cert: '{www_cert}', key: '{www_key}' }}\nadmin: {{ enabled: false }}\nlog: {{ access_log: false }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    )
+}
+
+/// The first DNS name in the certificate the server presented.
+fn served_name(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    let certs = stream.get_ref().1.peer_certificates().expect("server certificate");
+    let (_, cert) = X509Certificate::from_der(certs[0].as_ref()).unwrap();
+    let san = cert.subject_alternative_name().unwrap().unwrap();
+    match &san.value.general_names[0] {
+        GeneralName::DNSName(n) => n.to_string(),
+        other => panic!("unexpected SAN {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sni_picks_the_matching_certificate() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
+    let cfg = ca.client_config(&[b"http/1.1"]);
+
+    let s = tls_connect(proxy.addr(), cfg.clone(), "www.example.com").await;
+    assert_eq!(served_name(&s), "www.example.com");
+    let s = tls_connect(proxy.addr(), cfg.clone(), "api.example.com").await;
+    assert_eq!(served_name(&s), "api.example.com");
+    // Wildcard SAN.
+    let s = tls_connect(proxy.addr(), cfg.clone(), "eu.shop.example.com").await;
+    assert_eq!(served_name(&s), "www.example.com");
+}
+
+#[tokio::test]
+async fn unknown_names_get_the_default_certificate() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
+    // The client verifies against api.example.com but sends no SNI: rustls
+    // omits SNI for IP addresses, so connect by IP and accept the default.
+    let mut cfg = (*ca.client_config(&[b"http/1.1"])).clone();
+    cfg.enable_sni = false;
+    let s = tls_connect(proxy.addr(), std::sync::Arc::new(cfg), "api.example.com").await;
+    assert_eq!(served_name(&s), "api.example.com", "the first certificate is the default");
+}
+
+#[tokio::test]
+async fn alpn_negotiates_h2_and_requests_are_forwarded() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
+
+    let s = tls_connect(proxy.addr(), ca.client_config(&[b"h2", b"http/1.1"]), "api.example.com").await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut c, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("https://api.example.com/tls?q=1")
+        .body(full(&b"secret payload"[..]))
+        .unwrap();
+    let got = collect(c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 200);
+    let seen = got.json();
+    assert_eq!(seen["body"], "secret payload");
+    assert_eq!(seen["headers"]["x-forwarded-proto"], "https");
+    assert_eq!(seen["headers"]["host"], "api.example.com");
+
+    // HTTP/1.1 over TLS too.
+    let s = tls_connect(proxy.addr(), ca.client_config(&[b"http/1.1"]), "api.example.com").await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let got = send1(&mut c, request("GET", "/tls1", empty())).await;
+    assert_eq!(got.json()["headers"]["x-forwarded-proto"], "https");
+}
+
+#[tokio::test]
+async fn plain_http_on_a_tls_port_is_refused() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
+    let out = raw(proxy.addr(), b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", std::time::Duration::from_secs(2)).await;
+    assert!(!out.contains("HTTP/1.1 200"), "plain HTTP must not be served on a TLS port: {out}");
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test]
+async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("api", &["api.example.com"]);
+    let yaml = format!(
+        "listeners:\n  - {{ bind: '127.0.0.1:0', tls: {{ handshake_timeout: 300ms, certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}\nadmin: {{ enabled: false }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}\n"
+    );
+    let proxy = TestProxy::spawn(&yaml).await;
+    use tokio::io::AsyncReadExt;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut buf))
+        .await
+        .expect("the connection must be closed, not left open")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+}
