@@ -9,13 +9,20 @@ use crate::config::Problem;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{} problem(s) in the config:\n{}", .0.len(), join(.0))]
     Invalid(Vec<Problem>),
 }
 
 fn join(problems: &[Problem]) -> String {
-    problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n")
+    problems
+        .iter()
+        .map(|p| format!("  {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Why tollgate answered a request itself instead of relaying the upstream.
@@ -24,7 +31,11 @@ pub enum ProxyError {
     #[error("no route matches {method} {path}")]
     NoRoute { method: String, path: String },
     #[error("method {method} is not allowed on {path}")]
-    MethodNotAllowed { method: String, path: String, allow: String },
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: String,
+    },
     #[error("bad request: {0}")]
     BadRequest(&'static str),
     #[error("request headers are {size} bytes; the limit is {limit}")]
@@ -73,18 +84,46 @@ mod tests {
     fn every_variant_maps_to_its_status() {
         let up = || "api".to_owned();
         let cases = [
-            (ProxyError::NoRoute { method: "GET".into(), path: "/x".into() }, 404),
             (
-                ProxyError::MethodNotAllowed { method: "PUT".into(), path: "/x".into(), allow: "GET".into() },
+                ProxyError::NoRoute {
+                    method: "GET".into(),
+                    path: "/x".into(),
+                },
+                404,
+            ),
+            (
+                ProxyError::MethodNotAllowed {
+                    method: "PUT".into(),
+                    path: "/x".into(),
+                    allow: "GET".into(),
+                },
                 405,
             ),
             (ProxyError::BadRequest("no host"), 400),
             (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
             (ProxyError::BodyTooLarge { limit: 8 }, 413),
-            (ProxyError::UpstreamUnreachable { upstream: up(), reason: "refused".into() }, 502),
-            (ProxyError::UpstreamFailed { upstream: up(), reason: "reset".into() }, 502),
-            (ProxyError::UpstreamTimeout { upstream: up(), seconds: 1.0 }, 504),
+            (
+                ProxyError::UpstreamUnreachable {
+                    upstream: up(),
+                    reason: "refused".into(),
+                },
+                502,
+            ),
+            (
+                ProxyError::UpstreamFailed {
+                    upstream: up(),
+                    reason: "reset".into(),
+                },
+                502,
+            ),
+            (
+                ProxyError::UpstreamTimeout {
+                    upstream: up(),
+                    seconds: 1.0,
+                },
+                504,
+            ),
         ];
         for (err, status) in cases {
             assert_eq!(err.status().as_u16(), status, "{err}");

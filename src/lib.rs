@@ -18,6 +18,10 @@
 //! policy limits) slot into `pipeline` between `route` and `upstream`.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod admin;
 pub mod config;

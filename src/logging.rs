@@ -13,9 +13,15 @@ pub fn init(cfg: &LogConfig) {
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new(&cfg.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stdout);
     let result = match cfg.format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
         LogFormat::Pretty => builder.compact().try_init(),
     };
     // Only fails if a subscriber is already installed (tests): keep that one.

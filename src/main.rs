@@ -1,7 +1,7 @@
 //! The `tollgate` binary: parse arguments, load the config, bind, run.
 //! Everything else lives in the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use tollgate::{Config, ConfigError, Server};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "An edge reverse proxy with rate limiting built in")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "An edge reverse proxy with rate limiting built in"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -43,11 +47,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &PathBuf) -> Result<Config, ExitCode> {
+fn load(path: &Path) -> Result<Config, ExitCode> {
     Config::from_file(path).map_err(|e| {
         match &e {
             ConfigError::Invalid(problems) => {
-                eprintln!("tollgate: {} has {} problem(s):", path.display(), problems.len());
+                eprintln!(
+                    "tollgate: {} has {} problem(s):",
+                    path.display(),
+                    problems.len()
+                );
                 for p in problems {
                     eprintln!("  {p}");
                 }
@@ -58,7 +66,7 @@ fn load(path: &PathBuf) -> Result<Config, ExitCode> {
     })
 }
 
-fn check(path: &PathBuf) -> ExitCode {
+fn check(path: &Path) -> ExitCode {
     match load(path) {
         Ok(config) => {
             println!("tollgate: {} is valid\n", path.display());
@@ -69,7 +77,7 @@ fn check(path: &PathBuf) -> ExitCode {
     }
 }
 
-fn run(path: &PathBuf) -> anyhow::Result<()> {
+fn run(path: &Path) -> anyhow::Result<()> {
     let config = match load(path) {
         Ok(c) => c,
         Err(_) => anyhow::bail!("refusing to start with an invalid config"),

@@ -27,12 +27,24 @@ async fn get_and_post_with_bodies_pass_through_http1() {
     assert_eq!(seen["version"], "HTTP/1.1");
 
     // Content-Length body.
-    let got = send1(&mut c, request("POST", "/items", full(&b"{\"name\":\"widget\"}"[..]))).await;
+    let got = send1(
+        &mut c,
+        request("POST", "/items", full(&b"{\"name\":\"widget\"}"[..])),
+    )
+    .await;
     assert_eq!(got.json()["body"], "{\"name\":\"widget\"}");
     assert_eq!(got.json()["body_len"], 17);
 
     // Chunked body (no length known up front).
-    let got = send1(&mut c, request("PUT", "/items/1", chunked(vec![b"hello ", b"chunked ", b"world"]))).await;
+    let got = send1(
+        &mut c,
+        request(
+            "PUT",
+            "/items/1",
+            chunked(vec![b"hello ", b"chunked ", b"world"]),
+        ),
+    )
+    .await;
     assert_eq!(got.json()["body"], "hello chunked world");
     assert_eq!(got.json()["method"], "PUT");
     assert_eq!(up.hits(), 3);
@@ -45,7 +57,7 @@ async fn http2_clients_are_served_over_h2c_and_forwarded_as_http1() {
     let mut c = h2(proxy.addr()).await;
     let req = http::Request::builder()
         .method("POST")
-        .uri(format!("http://api.example.com/h2?x=1"))
+        .uri("http://api.example.com/h2?x=1")
         .body(full(&b"over h2"[..]))
         .unwrap();
     let got = collect(c.send_request(req).await.unwrap()).await;
@@ -63,8 +75,14 @@ async fn http2_clients_are_served_over_h2c_and_forwarded_as_http1() {
     for i in 0..20 {
         let mut c = c.clone();
         joins.push(tokio::spawn(async move {
-            let req = http::Request::builder().uri(format!("http://a/n{i}")).body(empty()).unwrap();
-            collect(c.send_request(req).await.unwrap()).await.json()["uri"].as_str().unwrap().to_owned()
+            let req = http::Request::builder()
+                .uri(format!("http://a/n{i}"))
+                .body(empty())
+                .unwrap();
+            collect(c.send_request(req).await.unwrap()).await.json()["uri"]
+                .as_str()
+                .unwrap()
+                .to_owned()
         }));
     }
     for (i, j) in joins.into_iter().enumerate() {
@@ -97,7 +115,10 @@ async fn hop_by_hop_headers_and_client_forwarding_headers_are_removed() {
     assert_eq!(h["x-real-ip"], "127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["x-forwarded-host"], "shop.example.com:8080");
-    assert_eq!(h["host"], "shop.example.com:8080", "Host is preserved by default");
+    assert_eq!(
+        h["host"], "shop.example.com:8080",
+        "Host is preserved by default"
+    );
     assert_eq!(h["accept"], "application/json");
     for gone in ["x-internal", "keep-alive", "forwarded", "te"] {
         assert!(h.get(gone).is_none(), "{gone} reached the upstream: {h}");
@@ -116,7 +137,10 @@ async fn hop_by_hop_headers_and_client_forwarding_headers_are_removed() {
         .body(empty())
         .unwrap();
     let got = send1(&mut c, req).await;
-    assert_eq!(got.seen_header("x-forwarded-for").as_deref(), Some("127.0.0.1"));
+    assert_eq!(
+        got.seen_header("x-forwarded-for").as_deref(),
+        Some("127.0.0.1")
+    );
 }
 
 #[tokio::test]
@@ -127,8 +151,14 @@ async fn host_header_can_be_the_target_or_fixed() {
         a = up.addr
     ));
     let proxy = TestProxy::spawn(&yaml).await;
-    assert_eq!(get(proxy.addr(), "/t").await.seen_header("host"), Some(up.addr.to_string()));
-    assert_eq!(get(proxy.addr(), "/f").await.seen_header("host").as_deref(), Some("internal.api"));
+    assert_eq!(
+        get(proxy.addr(), "/t").await.seen_header("host"),
+        Some(up.addr.to_string())
+    );
+    assert_eq!(
+        get(proxy.addr(), "/f").await.seen_header("host").as_deref(),
+        Some("internal.api")
+    );
 }
 
 #[tokio::test]
@@ -164,7 +194,11 @@ async fn unmatched_requests_get_problem_bodies() {
     assert_eq!(got.json()["status"], 405);
 
     let mut c = h1(proxy.addr()).await;
-    let req = http::Request::builder().uri("/x").header("host", "ONLY.example.com:9").body(empty()).unwrap();
+    let req = http::Request::builder()
+        .uri("/x")
+        .header("host", "ONLY.example.com:9")
+        .body(empty())
+        .unwrap();
     assert_eq!(send1(&mut c, req).await.body, "only");
 }
 
@@ -183,17 +217,34 @@ async fn head_and_empty_bodies_keep_the_connection_pooled() {
         assert_eq!(got.status, 200);
     }
     assert_eq!(up.hits(), 15);
-    assert_eq!(up.conns(), 1, "sequential requests reuse one pooled upstream connection");
+    assert_eq!(
+        up.conns(),
+        1,
+        "sequential requests reuse one pooled upstream connection"
+    );
 }
 
 #[tokio::test]
 async fn http11_without_host_is_a_400_problem() {
-    let proxy = TestProxy::spawn(&config("routes:\n  - { match: { path_prefix: / }, respond: { body: ok } }\n")).await;
-    let out = raw(proxy.addr(), b"GET / HTTP/1.1\r\n\r\n", std::time::Duration::from_secs(2)).await;
+    let proxy = TestProxy::spawn(&config(
+        "routes:\n  - { match: { path_prefix: / }, respond: { body: ok } }\n",
+    ))
+    .await;
+    let out = raw(
+        proxy.addr(),
+        b"GET / HTTP/1.1\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
     assert!(out.contains("application/problem+json"), "{out}");
     assert!(out.contains("Host header"), "{out}");
     // Garbage is refused by the HTTP parser with a 400 as well.
-    let out = raw(proxy.addr(), b"NOT HTTP AT ALL\r\n\r\n", std::time::Duration::from_secs(2)).await;
+    let out = raw(
+        proxy.addr(),
+        b"NOT HTTP AT ALL\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
     assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
 }

@@ -34,14 +34,19 @@ async fn slowloris_connections_are_closed_at_the_header_read_timeout() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&guarded(&up, "header_read_timeout: 500ms")).await;
     let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
-    tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n").await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .unwrap();
     // Dribble a header byte now and then, never finishing the head.
     for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = tcp.write_all(b"x").await;
     }
     let took = closed_within(&mut tcp, Duration::from_secs(10)).await;
-    assert!(took >= Duration::from_millis(200), "closed too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(200),
+        "closed too early: {took:?}"
+    );
     assert_eq!(up.hits(), 0);
 }
 
@@ -51,7 +56,12 @@ async fn oversize_headers_get_a_431_problem() {
     let proxy = TestProxy::spawn(&guarded(&up, "max_header_size: 4KB, max_headers: 20")).await;
     let mut c = h1(proxy.addr()).await;
     let big = "v".repeat(6 * 1024);
-    let req = http::Request::builder().uri("/").header("host", "a").header("x-big", big).body(empty()).unwrap();
+    let req = http::Request::builder()
+        .uri("/")
+        .header("host", "a")
+        .header("x-big", big)
+        .body(empty())
+        .unwrap();
     let got = send1(&mut c, req).await;
     assert_eq!(got.status, 431);
     assert_eq!(got.headers["content-type"], "application/problem+json");
@@ -66,9 +76,16 @@ async fn oversize_headers_get_a_431_problem() {
     assert_eq!(got.status, 431);
 
     // Far past any buffer: still a 431, from the parser itself.
-    let huge = format!("GET / HTTP/1.1\r\nhost: a\r\nx-huge: {}\r\n\r\n", "h".repeat(512 * 1024));
+    let huge = format!(
+        "GET / HTTP/1.1\r\nhost: a\r\nx-huge: {}\r\n\r\n",
+        "h".repeat(512 * 1024)
+    );
     let out = raw(proxy.addr(), huge.as_bytes(), Duration::from_secs(5)).await;
-    assert!(out.starts_with("HTTP/1.1 431"), "{}", &out[..out.len().min(200)]);
+    assert!(
+        out.starts_with("HTTP/1.1 431"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
     assert_eq!(up.hits(), 0);
 }
 
@@ -91,7 +108,11 @@ async fn oversize_bodies_get_a_413_problem() {
 
     // Chunked, no length: cut off once it passes the server-wide limit.
     let mut c = h1(proxy.addr()).await;
-    let got = send1(&mut c, request("POST", "/big", without_length(pattern(1024 * 1024)))).await;
+    let got = send1(
+        &mut c,
+        request("POST", "/big", without_length(pattern(1024 * 1024))),
+    )
+    .await;
     assert_eq!(got.status, 413, "{:?}", got.body);
 }
 
@@ -117,10 +138,14 @@ async fn idle_connections_are_closed() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&guarded(&up, "idle_timeout: 300ms")).await;
     let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
-    tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let took = closed_within(&mut tcp, Duration::from_secs(10)).await;
-    assert!(took >= Duration::from_millis(250), "closed before the idle timeout: {took:?}");
-
+    assert!(
+        took >= Duration::from_millis(250),
+        "closed before the idle timeout: {took:?}"
+    );
 
     // HTTP/2 with no stream open gets a GOAWAY and the connection ends.
     let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -131,10 +156,22 @@ async fn idle_connections_are_closed() {
     .await
     .unwrap();
     let conn = tokio::spawn(conn);
-    let req = http::Request::builder().uri("http://a/").body(empty()).unwrap();
-    assert_eq!(collect(sender.send_request(req).await.unwrap()).await.status, 200);
+    let req = http::Request::builder()
+        .uri("http://a/")
+        .body(empty())
+        .unwrap();
+    assert_eq!(
+        collect(sender.send_request(req).await.unwrap())
+            .await
+            .status,
+        200
+    );
     let started = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), conn).await.expect("idle h2 connection closed").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("idle h2 connection closed")
+        .unwrap()
+        .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(250));
 }
 
@@ -144,14 +181,26 @@ async fn the_connection_cap_queues_new_connections_until_one_closes() {
     let proxy = TestProxy::spawn(&guarded(&up, "max_connections: 2")).await;
     let mut a = h1(proxy.addr()).await;
     let mut b = h1(proxy.addr()).await;
-    assert_eq!(send1(&mut a, request("GET", "/a", empty())).await.status, 200);
-    assert_eq!(send1(&mut b, request("GET", "/b", empty())).await.status, 200);
+    assert_eq!(
+        send1(&mut a, request("GET", "/a", empty())).await.status,
+        200
+    );
+    assert_eq!(
+        send1(&mut b, request("GET", "/b", empty())).await.status,
+        200
+    );
 
     let third = tokio::spawn(async move { get(proxy.addr(), "/c").await.status });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!third.is_finished(), "a third connection is not served while two are open");
+    assert!(
+        !third.is_finished(),
+        "a third connection is not served while two are open"
+    );
     drop(a);
-    let status = tokio::time::timeout(Duration::from_secs(10), third).await.expect("served once a slot frees").unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("served once a slot frees")
+        .unwrap();
     assert_eq!(status, 200);
     drop(b);
 }

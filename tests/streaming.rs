@@ -35,12 +35,18 @@ async fn a_100mb_download_arrives_intact_over_http1_and_http2() {
 
     let mut c = h1(proxy.addr()).await;
     c.ready().await.unwrap();
-    let resp = c.send_request(request("GET", &format!("/download?bytes={SIZE}"), empty())).await.unwrap();
+    let resp = c
+        .send_request(request("GET", &format!("/download?bytes={SIZE}"), empty()))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(hash_body(resp.into_body()).await, (SIZE, expected.clone()));
 
     let mut c = h2(proxy.addr()).await;
-    let req = http::Request::builder().uri(format!("http://a/download?bytes={SIZE}")).body(empty()).unwrap();
+    let req = http::Request::builder()
+        .uri(format!("http://a/download?bytes={SIZE}"))
+        .body(empty())
+        .unwrap();
     let resp = c.send_request(req).await.unwrap();
     assert_eq!(hash_body(resp.into_body()).await, (SIZE, expected));
 }

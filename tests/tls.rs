@@ -19,7 +19,11 @@ fn tls_yaml(ca: &TestCa, up: &Upstream) -> String {
 
 /// The first DNS name in the certificate the server presented.
 fn served_name(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
-    let certs = stream.get_ref().1.peer_certificates().expect("server certificate");
+    let certs = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .expect("server certificate");
     let (_, cert) = X509Certificate::from_der(certs[0].as_ref()).unwrap();
     let san = cert.subject_alternative_name().unwrap().unwrap();
     match &san.value.general_names[0] {
@@ -54,7 +58,11 @@ async fn unknown_names_get_the_default_certificate() {
     let mut cfg = (*ca.client_config(&[b"http/1.1"])).clone();
     cfg.enable_sni = false;
     let s = tls_connect(proxy.addr(), std::sync::Arc::new(cfg), "api.example.com").await;
-    assert_eq!(served_name(&s), "api.example.com", "the first certificate is the default");
+    assert_eq!(
+        served_name(&s),
+        "api.example.com",
+        "the first certificate is the default"
+    );
 }
 
 #[tokio::test]
@@ -63,9 +71,17 @@ async fn alpn_negotiates_h2_and_requests_are_forwarded() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
 
-    let s = tls_connect(proxy.addr(), ca.client_config(&[b"h2", b"http/1.1"]), "api.example.com").await;
+    let s = tls_connect(
+        proxy.addr(),
+        ca.client_config(&[b"h2", b"http/1.1"]),
+        "api.example.com",
+    )
+    .await;
     assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut c, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s)).await.unwrap();
+    let (mut c, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap();
     tokio::spawn(conn);
     let req = http::Request::builder()
         .method("POST")
@@ -80,9 +96,16 @@ async fn alpn_negotiates_h2_and_requests_are_forwarded() {
     assert_eq!(seen["headers"]["host"], "api.example.com");
 
     // HTTP/1.1 over TLS too.
-    let s = tls_connect(proxy.addr(), ca.client_config(&[b"http/1.1"]), "api.example.com").await;
+    let s = tls_connect(
+        proxy.addr(),
+        ca.client_config(&[b"http/1.1"]),
+        "api.example.com",
+    )
+    .await;
     assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let got = send1(&mut c, request("GET", "/tls1", empty())).await;
     assert_eq!(got.json()["headers"]["x-forwarded-proto"], "https");
@@ -93,8 +116,16 @@ async fn plain_http_on_a_tls_port_is_refused() {
     let ca = TestCa::new();
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
-    let out = raw(proxy.addr(), b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", std::time::Duration::from_secs(2)).await;
-    assert!(!out.contains("HTTP/1.1 200"), "plain HTTP must not be served on a TLS port: {out}");
+    let out = raw(
+        proxy.addr(),
+        b"GET / HTTP/1.1\r\nhost: a\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        !out.contains("HTTP/1.1 200"),
+        "plain HTTP must not be served on a TLS port: {out}"
+    );
     assert_eq!(up.hits(), 0);
 }
 

@@ -38,9 +38,16 @@ async fn unreachable_upstream_is_a_fast_502_problem() {
     assert_eq!(got.headers["content-type"], "application/problem+json");
     let p = got.json();
     assert_eq!(p["status"], 502);
-    assert!(p["detail"].as_str().unwrap().contains(&dead.to_string()), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains(&dead.to_string()),
+        "{p}"
+    );
     // A refused connect does not wait for the 5 s connect timeout.
-    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -52,7 +59,10 @@ async fn hanging_upstream_is_a_504_at_the_configured_timeout() {
     let took = started.elapsed();
     assert_eq!(got.status, 504);
     assert_eq!(got.json()["status"], 504);
-    assert!(took >= Duration::from_millis(700), "answered before the timeout: {took:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "answered before the timeout: {took:?}"
+    );
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
@@ -64,13 +74,22 @@ async fn upstream_dying_mid_body_is_an_error_not_a_complete_response() {
     // HTTP/1.1: the declared length is never reached; the body read fails.
     let mut c = h1(proxy.addr()).await;
     c.ready().await.unwrap();
-    let resp = c.send_request(request("GET", "/die-mid-body", empty())).await.unwrap();
+    let resp = c
+        .send_request(request("GET", "/die-mid-body", empty()))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200, "the head was already sent");
-    assert!(resp.into_body().collect().await.is_err(), "a cut body must surface as an error");
+    assert!(
+        resp.into_body().collect().await.is_err(),
+        "a cut body must surface as an error"
+    );
 
     // HTTP/2: the stream is reset.
     let mut c = h2(proxy.addr()).await;
-    let req = http::Request::builder().uri("http://a/die-mid-body").body(empty()).unwrap();
+    let req = http::Request::builder()
+        .uri("http://a/die-mid-body")
+        .body(empty())
+        .unwrap();
     let resp = c.send_request(req).await.unwrap();
     assert!(resp.into_body().collect().await.is_err());
 }
@@ -80,14 +99,25 @@ async fn round_robin_skips_a_dead_target_during_its_cooldown() {
     let a = Upstream::spawn().await;
     let b = Upstream::spawn().await;
     let dead = dead_port().await;
-    let proxy =
-        TestProxy::spawn(&route_to(&format!("'{}', '{}', '{dead}'", a.addr, b.addr), ", cooldown: 1m")).await;
+    let proxy = TestProxy::spawn(&route_to(
+        &format!("'{}', '{}', '{dead}'", a.addr, b.addr),
+        ", cooldown: 1m",
+    ))
+    .await;
     for _ in 0..30 {
         let got = get(proxy.addr(), "/rr").await;
-        assert_eq!(got.status, 200, "a dead target never fails a request that another target can take");
+        assert_eq!(
+            got.status, 200,
+            "a dead target never fails a request that another target can take"
+        );
     }
     assert_eq!(a.hits() + b.hits(), 30);
-    assert!(a.hits() >= 10 && b.hits() >= 10, "spread: a={} b={}", a.hits(), b.hits());
+    assert!(
+        a.hits() >= 10 && b.hits() >= 10,
+        "spread: a={} b={}",
+        a.hits(),
+        b.hits()
+    );
 }
 
 /// An upstream that answers the first request on each connection with
@@ -101,7 +131,9 @@ async fn closes_reused_connections() -> (SocketAddr, Arc<AtomicUsize>) {
     let count = answered.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = l.accept().await else { return };
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
             let count = count.clone();
             tokio::spawn(async move {
                 let mut r = BufReader::new(tcp);
@@ -122,7 +154,9 @@ async fn closes_reused_connections() -> (SocketAddr, Arc<AtomicUsize>) {
                 r.read_exact(&mut body).await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);
                 let mut tcp = r.into_inner();
-                tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst").await.unwrap();
+                tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+                    .await
+                    .unwrap();
                 // Wait for the next request head, then hang up without answering.
                 let mut buf = [0u8; 1];
                 let _ = tcp.read(&mut buf).await;
@@ -153,7 +187,10 @@ async fn requests_with_bodies_are_never_replayed() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut c = h1(proxy.addr()).await;
     let got = send1(&mut c, request("POST", "/pay", full(&b"amount=5"[..]))).await;
-    assert_eq!(got.status, 502, "a POST that may have been processed is not sent twice");
+    assert_eq!(
+        got.status, 502,
+        "a POST that may have been processed is not sent twice"
+    );
     assert_eq!(got.json()["status"], 502);
     assert_eq!(answered.load(Ordering::SeqCst), 1);
 }
@@ -161,7 +198,11 @@ async fn requests_with_bodies_are_never_replayed() {
 #[tokio::test]
 async fn stale_pooled_connections_are_not_reused() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&route_to(&format!("'{}'", up.addr), ", idle_timeout: 200ms")).await;
+    let proxy = TestProxy::spawn(&route_to(
+        &format!("'{}'", up.addr),
+        ", idle_timeout: 200ms",
+    ))
+    .await;
     assert_eq!(get(proxy.addr(), "/a").await.status, 200);
     assert_eq!(get(proxy.addr(), "/b").await.status, 200);
     assert_eq!(up.conns(), 1, "a fresh idle connection is reused");
@@ -176,7 +217,10 @@ async fn https_upstreams_are_verified_against_the_configured_ca() {
     let up = Upstream::spawn_tls(ca.acceptor(&["api.internal"])).await;
     let yaml = route_to(
         &format!("'{}'", up.addr),
-        &format!(", tls: {{ ca: '{}', server_name: api.internal }}", ca.ca_pem.display()),
+        &format!(
+            ", tls: {{ ca: '{}', server_name: api.internal }}",
+            ca.ca_pem.display()
+        ),
     );
     let proxy = TestProxy::spawn(&yaml).await;
     let got = get(proxy.addr(), "/secure").await;
@@ -187,10 +231,17 @@ async fn https_upstreams_are_verified_against_the_configured_ca() {
     let other = TestCa::new();
     let yaml = route_to(
         &format!("'{}'", up.addr),
-        &format!(", tls: {{ ca: '{}', server_name: api.internal }}", other.ca_pem.display()),
+        &format!(
+            ", tls: {{ ca: '{}', server_name: api.internal }}",
+            other.ca_pem.display()
+        ),
     );
     let proxy = TestProxy::spawn(&yaml).await;
     let got = get(proxy.addr(), "/secure").await;
     assert_eq!(got.status, 502);
-    assert!(got.json()["detail"].as_str().unwrap().contains("TLS"), "{}", got.json());
+    assert!(
+        got.json()["detail"].as_str().unwrap().contains("TLS"),
+        "{}",
+        got.json()
+    );
 }

@@ -24,7 +24,9 @@ pub struct AdminState {
 pub async fn serve(listener: TcpListener, state: AdminState) {
     let state = Arc::new(state);
     loop {
-        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
@@ -48,9 +50,15 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
                 .map(|(name, addr)| serde_json::json!({ "name": name, "addr": addr.to_string() }))
                 .collect();
             if state.ready.load(Ordering::SeqCst) {
-                (StatusCode::OK, serde_json::json!({ "status": "ready", "listeners": listeners }))
+                (
+                    StatusCode::OK,
+                    serde_json::json!({ "status": "ready", "listeners": listeners }),
+                )
             } else {
-                (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "draining" }))
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({ "status": "draining" }),
+                )
             }
         }
         other => (
@@ -63,9 +71,14 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
             }),
         ),
     };
-    let content_type = if status == StatusCode::NOT_FOUND { "application/problem+json" } else { "application/json" };
+    let content_type = if status == StatusCode::NOT_FOUND {
+        "application/problem+json"
+    } else {
+        "application/json"
+    };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }

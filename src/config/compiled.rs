@@ -41,7 +41,9 @@ pub struct ListenerTls {
 
 impl std::fmt::Debug for ListenerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListenerTls").field("names", &self.names).finish()
+        f.debug_struct("ListenerTls")
+            .field("names", &self.names)
+            .finish()
     }
 }
 
@@ -106,7 +108,9 @@ pub struct UpstreamTls {
 
 impl std::fmt::Debug for UpstreamTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamTls").field("server_name", &self.server_name).finish()
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .finish()
     }
 }
 

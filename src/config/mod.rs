@@ -29,7 +29,11 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem { path: path.into(), message: message.into(), line: None }
+        Problem {
+            path: path.into(),
+            message: message.into(),
+            line: None,
+        }
     }
 }
 
@@ -53,7 +57,10 @@ impl Config {
     }
 
     /// Validates YAML text; `lookup` resolves `${VAR}`.
-    pub fn from_yaml(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    pub fn from_yaml(
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let (raw, problems) = raw::load(text, lookup);
         validate::validate(raw, problems).map_err(ConfigError::Invalid)
     }
@@ -66,7 +73,13 @@ impl Config {
         for l in &self.listeners {
             match &l.tls {
                 Some(t) => {
-                    let _ = writeln!(s, "  {:<12} {:<22} https  certs for: {}", l.name, l.bind, t.names.join(", "));
+                    let _ = writeln!(
+                        s,
+                        "  {:<12} {:<22} https  certs for: {}",
+                        l.name,
+                        l.bind,
+                        t.names.join(", ")
+                    );
                 }
                 None => {
                     let _ = writeln!(s, "  {:<12} {:<22} http (HTTP/1.1 and h2c)", l.name, l.bind);
@@ -112,7 +125,11 @@ impl Config {
                 RouteAction::Forward(i) => format!("-> {}", self.upstreams[*i].name),
                 RouteAction::Respond(resp) => format!("respond {}", resp.status.as_u16()),
             };
-            let _ = writeln!(s, "  {:<14} {:<16} {:<20} {:<10} {}", r.name, host, path, methods, action);
+            let _ = writeln!(
+                s,
+                "  {:<14} {:<16} {:<20} {:<10} {}",
+                r.name, host, path, methods, action
+            );
         }
         s
     }

@@ -162,7 +162,11 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
         Ok(v) => v,
         Err(e) => {
             let line = e.location().map(|l| l.line());
-            problems.push(Problem { path: "(file)".into(), message: e.to_string(), line });
+            problems.push(Problem {
+                path: "(file)".into(),
+                message: e.to_string(),
+                line,
+            });
             return (raw, problems);
         }
     };
@@ -183,7 +187,10 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
     };
     for (key, value) in map {
         let Some(name) = key.as_str() else {
-            problems.push(Problem::new("(file)", format!("section names are strings, got {}", describe(&key))));
+            problems.push(Problem::new(
+                "(file)",
+                format!("section names are strings, got {}", describe(&key)),
+            ));
             continue;
         };
         match name {
@@ -211,15 +218,26 @@ fn one<T: DeserializeOwned>(value: Value, path: &str, problems: &mut Vec<Problem
         Ok(v) => Some(v),
         Err(e) => {
             let inner = e.path().to_string();
-            let full = if inner == "." { path.to_owned() } else { format!("{path}.{inner}") };
-            problems.push(Problem::new(full, clean_serde_message(&e.into_inner().to_string())));
+            let full = if inner == "." {
+                path.to_owned()
+            } else {
+                format!("{path}.{inner}")
+            };
+            problems.push(Problem::new(
+                full,
+                clean_serde_message(&e.into_inner().to_string()),
+            ));
             None
         }
     }
 }
 
 /// Deserialises a YAML list item by item, keeping each item's path.
-fn list<T: DeserializeOwned>(value: Value, path: &str, problems: &mut Vec<Problem>) -> Vec<(String, T)> {
+fn list<T: DeserializeOwned>(
+    value: Value,
+    path: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<(String, T)> {
     match value {
         Value::Null => Vec::new(),
         Value::Sequence(items) => items
@@ -231,7 +249,10 @@ fn list<T: DeserializeOwned>(value: Value, path: &str, problems: &mut Vec<Proble
             })
             .collect(),
         other => {
-            problems.push(Problem::new(path, format!("expected a list, got {}", describe(&other))));
+            problems.push(Problem::new(
+                path,
+                format!("expected a list, got {}", describe(&other)),
+            ));
             Vec::new()
         }
     }
@@ -249,7 +270,10 @@ fn named<T: DeserializeOwned>(
             .into_iter()
             .filter_map(|(k, v)| {
                 let Some(name) = k.as_str().map(str::to_owned) else {
-                    problems.push(Problem::new(path, format!("names are strings, got {}", describe(&k))));
+                    problems.push(Problem::new(
+                        path,
+                        format!("names are strings, got {}", describe(&k)),
+                    ));
                     return None;
                 };
                 let item_path = format!("{path}.{name}");
@@ -259,7 +283,10 @@ fn named<T: DeserializeOwned>(
         other => {
             problems.push(Problem::new(
                 path,
-                format!("expected a mapping of name -> settings, got {}", describe(&other)),
+                format!(
+                    "expected a mapping of name -> settings, got {}",
+                    describe(&other)
+                ),
             ));
             Vec::new()
         }
@@ -286,7 +313,11 @@ fn substitute_env(
         Value::Mapping(map) => {
             for (k, v) in map.iter_mut() {
                 let key = k.as_str().unwrap_or("?");
-                let child = if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") };
+                let child = if path.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{path}.{key}")
+                };
                 substitute_env(v, child, lookup, problems);
             }
         }
@@ -308,13 +339,15 @@ fn expand(s: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, St
                 .find('}')
                 .ok_or_else(|| format!("unclosed \"${{\" in \"{s}\""))?;
             let name = &tail[..end];
-            let valid = !name.is_empty()
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            let valid =
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !valid {
-                return Err(format!("\"${{{name}}}\" is not a valid environment variable name"));
+                return Err(format!(
+                    "\"${{{name}}}\" is not a valid environment variable name"
+                ));
             }
-            let value = lookup(name)
-                .ok_or_else(|| format!("environment variable {name} is not set"))?;
+            let value =
+                lookup(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
             out.push_str(&value);
             rest = &tail[end + 1..];
         } else {
@@ -363,14 +396,19 @@ mod tests {
     fn variables_expand_inside_strings() {
         assert_eq!(expand("Bearer ${TOKEN}", &env).unwrap(), "Bearer s3cret");
         assert_eq!(expand("127.0.0.1:${PORT}", &env).unwrap(), "127.0.0.1:8081");
-        assert_eq!(expand("cost $5 and $${TOKEN}", &env).unwrap(), "cost $5 and ${TOKEN}");
+        assert_eq!(
+            expand("cost $5 and $${TOKEN}", &env).unwrap(),
+            "cost $5 and ${TOKEN}"
+        );
     }
 
     #[test]
     fn a_missing_variable_is_named() {
         let err = expand("${NOPE}", &env).unwrap_err();
         assert_eq!(err, "environment variable NOPE is not set");
-        assert!(expand("${bad-name}", &env).unwrap_err().contains("not a valid"));
+        assert!(expand("${bad-name}", &env)
+            .unwrap_err()
+            .contains("not a valid"));
         assert!(expand("${TOKEN", &env).unwrap_err().contains("unclosed"));
     }
 
@@ -390,11 +428,14 @@ extra: 1
         let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(raw.listeners.len(), 1, "the good listener survives");
         assert_eq!(raw.routes.len(), 1, "the good route survives");
-        assert!(paths.contains(&"listeners[0]"), "{problems:?}");
+        assert!(paths.contains(&"listeners[0].colour"), "{problems:?}");
         assert!(paths.contains(&"routes[1].upstream"), "{problems:?}");
         assert!(paths.contains(&"server.max_body_size"), "{problems:?}");
         assert!(paths.contains(&"extra"), "{problems:?}");
-        let unknown = problems.iter().find(|p| p.path == "listeners[0]").unwrap();
+        let unknown = problems
+            .iter()
+            .find(|p| p.path == "listeners[0].colour")
+            .unwrap();
         assert!(unknown.message.contains("colour"), "{unknown:?}");
     }
 

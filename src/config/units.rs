@@ -102,7 +102,11 @@ mod tests {
             ("0s", 0),
         ];
         for (text, ms) in cases {
-            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(ms)),
+                "{text}"
+            );
         }
     }
 

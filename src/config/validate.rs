@@ -43,7 +43,12 @@ impl Checker {
     }
 
     /// A duration that must be strictly positive (a zero timeout is a typo).
-    fn positive_duration(&mut self, path: &str, value: &Option<Text>, default: Duration) -> Duration {
+    fn positive_duration(
+        &mut self,
+        path: &str,
+        value: &Option<Text>,
+        default: Duration,
+    ) -> Duration {
         let d = self.duration(path, value, default);
         if d.is_zero() {
             self.report(path, "must be greater than zero");
@@ -99,7 +104,9 @@ impl Checker {
 }
 
 pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Vec<Problem>> {
-    let mut c = Checker { problems: std::mem::take(&mut problems) };
+    let mut c = Checker {
+        problems: std::mem::take(&mut problems),
+    };
 
     let server = server(&mut c, &raw);
     let listeners = listeners(&mut c, &raw);
@@ -109,7 +116,14 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     let routes = routes(&mut c, raw.routes, &index, server.max_body_bytes);
 
     if c.problems.is_empty() {
-        Ok(Config { listeners, admin, server, upstreams, routes, log })
+        Ok(Config {
+            listeners,
+            admin,
+            server,
+            upstreams,
+            routes,
+            log,
+        })
     } else {
         Err(c.problems)
     }
@@ -137,11 +151,21 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             &s.header_read_timeout,
             Duration::from_secs(10),
         ),
-        idle_timeout: c.positive_duration("server.idle_timeout", &s.idle_timeout, Duration::from_secs(60)),
+        idle_timeout: c.positive_duration(
+            "server.idle_timeout",
+            &s.idle_timeout,
+            Duration::from_secs(60),
+        ),
         max_header_bytes: max_header_bytes as usize,
         max_headers: c.number("server.max_headers", &s.max_headers, 100usize, 1, 10_000),
         max_body_bytes: c.size("server.max_body_size", &s.max_body_size, 10 << 20),
-        max_connections: c.number("server.max_connections", &s.max_connections, 10_000usize, 1, 10_000_000),
+        max_connections: c.number(
+            "server.max_connections",
+            &s.max_connections,
+            10_000usize,
+            1,
+            10_000_000,
+        ),
         h2_max_concurrent_streams: c.number(
             "server.h2_max_concurrent_streams",
             &s.h2_max_concurrent_streams,
@@ -149,25 +173,40 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             1,
             100_000,
         ),
-        shutdown_grace: c.duration("server.shutdown_grace", &s.shutdown_grace, Duration::from_secs(30)),
+        shutdown_grace: c.duration(
+            "server.shutdown_grace",
+            &s.shutdown_grace,
+            Duration::from_secs(30),
+        ),
     }
 }
 
 fn listeners(c: &mut Checker, raw: &RawConfig) -> Vec<ListenerConfig> {
     if raw.listeners.is_empty() && !c.problems.iter().any(|p| p.path.starts_with("listeners")) {
-        c.report("listeners", "at least one listener is required, e.g. - { bind: \"0.0.0.0:8080\" }");
+        c.report(
+            "listeners",
+            "at least one listener is required, e.g. - { bind: \"0.0.0.0:8080\" }",
+        );
     }
     let mut out: Vec<ListenerConfig> = Vec::new();
     let mut names: HashMap<String, String> = HashMap::new();
     for (i, (path, l)) in raw.listeners.iter().enumerate() {
         let name = l.name.clone().unwrap_or_else(|| format!("listener{i}"));
         if let Some(first) = names.insert(name.clone(), path.clone()) {
-            c.report(format!("{path}.name"), format!("\"{name}\" is already used by {first}"));
+            c.report(
+                format!("{path}.name"),
+                format!("\"{name}\" is already used by {first}"),
+            );
         }
-        let Some(bind) = c.socket_addr(&format!("{path}.bind"), &l.bind.0) else { continue };
+        let Some(bind) = c.socket_addr(&format!("{path}.bind"), &l.bind.0) else {
+            continue;
+        };
         if bind.port() != 0 {
             if let Some(other) = out.iter().find(|o| o.bind == bind) {
-                c.report(format!("{path}.bind"), format!("{bind} is already bound by listener \"{}\"", other.name));
+                c.report(
+                    format!("{path}.bind"),
+                    format!("{bind} is already bound by listener \"{}\"", other.name),
+                );
             }
         }
         let tls = l.tls.as_ref().and_then(|t| {
@@ -178,12 +217,23 @@ fn listeners(c: &mut Checker, raw: &RawConfig) -> Vec<ListenerConfig> {
                 Duration::from_secs(10),
             );
             if t.certs.is_empty() {
-                c.report(format!("{tls_path}.certs"), "at least one certificate is required");
+                c.report(
+                    format!("{tls_path}.certs"),
+                    "at least one certificate is required",
+                );
                 return None;
             }
-            let pairs: Vec<(&str, &str)> = t.certs.iter().map(|p| (p.cert.as_str(), p.key.as_str())).collect();
+            let pairs: Vec<(&str, &str)> = t
+                .certs
+                .iter()
+                .map(|p| (p.cert.as_str(), p.key.as_str()))
+                .collect();
             match tls::server_config(&pairs) {
-                Ok((config, names)) => Some(ListenerTls { config, names, handshake_timeout }),
+                Ok((config, names)) => Some(ListenerTls {
+                    config,
+                    names,
+                    handshake_timeout,
+                }),
                 Err(errors) => {
                     for (i, field, message) in errors {
                         c.report(format!("{tls_path}.certs[{i}].{field}"), message);
@@ -202,11 +252,16 @@ fn admin(c: &mut Checker, raw: &RawConfig, listeners: &[ListenerConfig]) -> Opti
     if a.and_then(|a| a.enabled) == Some(false) {
         return None;
     }
-    let text = a.and_then(|a| a.bind.as_ref()).map_or(DEFAULT_ADMIN_BIND, |t| t.0.as_str());
+    let text = a
+        .and_then(|a| a.bind.as_ref())
+        .map_or(DEFAULT_ADMIN_BIND, |t| t.0.as_str());
     let bind = c.socket_addr("admin.bind", text)?;
     if bind.port() != 0 {
         if let Some(l) = listeners.iter().find(|l| l.bind == bind) {
-            c.report("admin.bind", format!("{bind} is already bound by listener \"{}\"", l.name));
+            c.report(
+                "admin.bind",
+                format!("{bind} is already bound by listener \"{}\"", l.name),
+            );
         }
     }
     Some(AdminConfig { bind })
@@ -220,7 +275,10 @@ fn upstreams(
     let mut index = HashMap::new();
     for (path, name, u) in raw {
         if u.targets.is_empty() {
-            c.report(format!("{path}.targets"), "at least one \"host:port\" target is required");
+            c.report(
+                format!("{path}.targets"),
+                "at least one \"host:port\" target is required",
+            );
         }
         let targets: Vec<Target> = u
             .targets
@@ -234,24 +292,33 @@ fn upstreams(
                 }
             })
             .collect();
-        let tls = u.tls.as_ref().and_then(|t| match client_tls::client_config(t.ca.as_deref()) {
-            Ok(config) => {
-                let server_name = t.server_name.as_ref().and_then(|n| {
-                    match rustls_pki_types::ServerName::try_from(n.clone()) {
-                        Ok(sn) => Some(sn),
-                        Err(_) => {
-                            c.report(format!("{path}.tls.server_name"), format!("\"{n}\" is not a valid DNS name or IP address"));
-                            None
+        let tls = u
+            .tls
+            .as_ref()
+            .and_then(|t| match client_tls::client_config(t.ca.as_deref()) {
+                Ok(config) => {
+                    let server_name = t.server_name.as_ref().and_then(|n| {
+                        match rustls_pki_types::ServerName::try_from(n.clone()) {
+                            Ok(sn) => Some(sn),
+                            Err(_) => {
+                                c.report(
+                                    format!("{path}.tls.server_name"),
+                                    format!("\"{n}\" is not a valid DNS name or IP address"),
+                                );
+                                None
+                            }
                         }
-                    }
-                });
-                Some(UpstreamTls { config, server_name })
-            }
-            Err(e) => {
-                c.report(format!("{path}.tls.ca"), e);
-                None
-            }
-        });
+                    });
+                    Some(UpstreamTls {
+                        config,
+                        server_name,
+                    })
+                }
+                Err(e) => {
+                    c.report(format!("{path}.tls.ca"), e);
+                    None
+                }
+            });
         let host_header = match u.host_header.as_deref() {
             None | Some("preserve") => HostHeader::Preserve,
             Some("target") => HostHeader::Target,
@@ -260,7 +327,9 @@ fn upstreams(
                 _ => {
                     c.report(
                         format!("{path}.host_header"),
-                        format!("expected \"preserve\", \"target\" or a host name, got \"{other}\""),
+                        format!(
+                            "expected \"preserve\", \"target\" or a host name, got \"{other}\""
+                        ),
                     );
                     HostHeader::Preserve
                 }
@@ -270,11 +339,33 @@ fn upstreams(
             name: name.clone(),
             targets,
             tls,
-            connect_timeout: c.positive_duration(&format!("{path}.connect_timeout"), &u.connect_timeout, Duration::from_secs(2)),
-            timeout: c.positive_duration(&format!("{path}.timeout"), &u.timeout, Duration::from_secs(30)),
-            idle_timeout: c.duration(&format!("{path}.idle_timeout"), &u.idle_timeout, Duration::from_secs(4)),
-            max_idle_per_target: c.number(&format!("{path}.max_idle_per_target"), &u.max_idle_per_target, 64usize, 0, 100_000),
-            cooldown: c.duration(&format!("{path}.cooldown"), &u.cooldown, Duration::from_secs(10)),
+            connect_timeout: c.positive_duration(
+                &format!("{path}.connect_timeout"),
+                &u.connect_timeout,
+                Duration::from_secs(2),
+            ),
+            timeout: c.positive_duration(
+                &format!("{path}.timeout"),
+                &u.timeout,
+                Duration::from_secs(30),
+            ),
+            idle_timeout: c.duration(
+                &format!("{path}.idle_timeout"),
+                &u.idle_timeout,
+                Duration::from_secs(4),
+            ),
+            max_idle_per_target: c.number(
+                &format!("{path}.max_idle_per_target"),
+                &u.max_idle_per_target,
+                64usize,
+                0,
+                100_000,
+            ),
+            cooldown: c.duration(
+                &format!("{path}.cooldown"),
+                &u.cooldown,
+                Duration::from_secs(10),
+            ),
             host_header,
         };
         index.insert(name.clone(), out.len());
@@ -301,11 +392,17 @@ fn parse_target(text: &str) -> Result<Target, String> {
     };
     let port: u16 = port.parse().map_err(|_| bad())?;
     let host_ok = !host.is_empty()
-        && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b));
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b));
     if !host_ok || port == 0 {
         return Err(bad());
     }
-    Ok(Target { authority: t.to_owned(), host: host.to_owned(), port })
+    Ok(Target {
+        authority: t.to_owned(),
+        host: host.to_owned(),
+        port,
+    })
 }
 
 fn routes(
@@ -321,7 +418,10 @@ fn routes(
             (Some(p), None) => Some(PathMatch::Exact(p.clone())),
             (None, Some(p)) => Some(PathMatch::Prefix(p.clone())),
             (Some(_), Some(_)) => {
-                c.report(format!("{path}.match"), "give either path or path_prefix, not both");
+                c.report(
+                    format!("{path}.match"),
+                    "give either path or path_prefix, not both",
+                );
                 None
             }
             (None, None) => {
@@ -331,8 +431,15 @@ fn routes(
         };
         if let Some(PathMatch::Exact(p) | PathMatch::Prefix(p)) = &path_match {
             if !p.starts_with('/') {
-                let key = if m.path.is_some() { "path" } else { "path_prefix" };
-                c.report(format!("{path}.match.{key}"), format!("must start with \"/\", got \"{p}\""));
+                let key = if m.path.is_some() {
+                    "path"
+                } else {
+                    "path_prefix"
+                };
+                c.report(
+                    format!("{path}.match.{key}"),
+                    format!("must start with \"/\", got \"{p}\""),
+                );
             }
         }
         let host = m.host.as_deref().and_then(|h| match parse_host(h) {
@@ -352,7 +459,9 @@ fn routes(
                         _ => {
                             c.report(
                                 format!("{path}.match.methods[{j}]"),
-                                format!("expected an upper-case HTTP method like GET, got \"{name}\""),
+                                format!(
+                                    "expected an upper-case HTTP method like GET, got \"{name}\""
+                                ),
                             );
                             None
                         }
@@ -366,23 +475,41 @@ fn routes(
                 None => {
                     let mut known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
                     known.sort_unstable();
-                    let known = if known.is_empty() { "none".to_owned() } else { known.join(", ") };
-                    c.report(format!("{path}.upstream"), format!("no upstream named \"{name}\" (defined: {known})"));
+                    let known = if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    };
+                    c.report(
+                        format!("{path}.upstream"),
+                        format!("no upstream named \"{name}\" (defined: {known})"),
+                    );
                     None
                 }
             },
-            (None, Some(resp)) => respond(c, &format!("{path}.respond"), resp).map(RouteAction::Respond),
+            (None, Some(resp)) => {
+                respond(c, &format!("{path}.respond"), resp).map(RouteAction::Respond)
+            }
             (Some(_), Some(_)) => {
                 c.report(path.clone(), "give either upstream or respond, not both");
                 None
             }
             (None, None) => {
-                c.report(path.clone(), "needs upstream (forward) or respond (answer directly)");
+                c.report(
+                    path.clone(),
+                    "needs upstream (forward) or respond (answer directly)",
+                );
                 None
             }
         };
-        let max_body_bytes = c.size(&format!("{path}.max_body_size"), &r.max_body_size, default_body);
-        let (Some(path_match), Some(action)) = (path_match, action) else { continue };
+        let max_body_bytes = c.size(
+            &format!("{path}.max_body_size"),
+            &r.max_body_size,
+            default_body,
+        );
+        let (Some(path_match), Some(action)) = (path_match, action) else {
+            continue;
+        };
         let route = RouteConfig {
             name: Arc::from(r.name.unwrap_or_else(|| format!("routes[{i}]"))),
             host,
@@ -391,11 +518,13 @@ fn routes(
             action,
             max_body_bytes,
         };
-        if let Some((_, first)) = out
-            .iter()
-            .find(|(o, _)| o.host == route.host && o.path == route.path && o.methods == route.methods)
-        {
-            c.report(path.clone(), format!("matches exactly the same requests as {first}"));
+        if let Some((_, first)) = out.iter().find(|(o, _)| {
+            o.host == route.host && o.path == route.path && o.methods == route.methods
+        }) {
+            c.report(
+                path.clone(),
+                format!("matches exactly the same requests as {first}"),
+            );
         }
         out.push((route, path));
     }
@@ -418,12 +547,22 @@ fn precedence(r: &RouteConfig) -> (u8, usize, u8, usize, bool) {
         PathMatch::Exact(p) => (1, p.len()),
         PathMatch::Prefix(p) => (0, p.len()),
     };
-    (host_rank, host_len, path_rank, path_len, r.methods.is_some())
+    (
+        host_rank,
+        host_len,
+        path_rank,
+        path_len,
+        r.methods.is_some(),
+    )
 }
 
 fn parse_host(text: &str) -> Result<HostMatch, String> {
     let h = text.trim().to_ascii_lowercase();
-    let valid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    };
     if let Some(rest) = h.strip_prefix("*.") {
         if valid(rest) {
             return Ok(HostMatch::Suffix(format!(".{rest}")));
@@ -441,18 +580,34 @@ fn respond(c: &mut Checker, path: &str, r: &super::raw::RawRespond) -> Option<Re
     let mut headers = HeaderMap::new();
     let empty = BTreeMap::new();
     for (name, value) in r.headers.as_ref().unwrap_or(&empty) {
-        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);
             }
-            (Err(_), _) => c.report(format!("{path}.headers.{name}"), format!("\"{name}\" is not a valid header name")),
-            (_, Err(_)) => c.report(format!("{path}.headers.{name}"), "the value has characters a header cannot carry"),
+            (Err(_), _) => c.report(
+                format!("{path}.headers.{name}"),
+                format!("\"{name}\" is not a valid header name"),
+            ),
+            (_, Err(_)) => c.report(
+                format!("{path}.headers.{name}"),
+                "the value has characters a header cannot carry",
+            ),
         }
     }
     if !body.is_empty() && !headers.contains_key(CONTENT_TYPE) {
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
     }
-    Some(Respond { status, body, headers })
+    Some(Respond {
+        status,
+        body,
+        headers,
+    })
 }
 
 fn log(c: &mut Checker, raw: &RawConfig) -> LogConfig {
@@ -461,15 +616,27 @@ fn log(c: &mut Checker, raw: &RawConfig) -> LogConfig {
         None | Some("pretty") => LogFormat::Pretty,
         Some("json") => LogFormat::Json,
         Some(other) => {
-            c.report("log.format", format!("expected \"pretty\" or \"json\", got \"{other}\""));
+            c.report(
+                "log.format",
+                format!("expected \"pretty\" or \"json\", got \"{other}\""),
+            );
             LogFormat::Pretty
         }
     };
-    let level = l.and_then(|l| l.level.clone()).unwrap_or_else(|| "info".to_owned());
+    let level = l
+        .and_then(|l| l.level.clone())
+        .unwrap_or_else(|| "info".to_owned());
     if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
-        c.report("log.level", format!("expected a level like \"info\" or \"tollgate=debug\", got \"{level}\""));
+        c.report(
+            "log.level",
+            format!("expected a level like \"info\" or \"tollgate=debug\", got \"{level}\""),
+        );
     }
-    LogConfig { format, level, access_log: l.and_then(|l| l.access_log).unwrap_or(true) }
+    LogConfig {
+        format,
+        level,
+        access_log: l.and_then(|l| l.access_log).unwrap_or(true),
+    }
 }
 
 #[cfg(test)]
@@ -484,16 +651,32 @@ mod tests {
         assert_eq!((t.host.as_str(), t.port), ("::1", 8080));
         let t = parse_target("api.internal:443").unwrap();
         assert_eq!(t.authority, "api.internal:443");
-        assert!(parse_target("http://api:80").unwrap_err().contains("without a scheme"));
-        for bad in ["api", "api:", "api:http", ":80", "api:0", "api:70000", "[::1:80"] {
+        assert!(parse_target("http://api:80")
+            .unwrap_err()
+            .contains("without a scheme"));
+        for bad in [
+            "api",
+            "api:",
+            "api:http",
+            ":80",
+            "api:0",
+            "api:70000",
+            "[::1:80",
+        ] {
             assert!(parse_target(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn hosts_are_exact_or_wildcard() {
-        assert_eq!(parse_host("API.example.com"), Ok(HostMatch::Exact("api.example.com".into())));
-        assert_eq!(parse_host("*.example.com"), Ok(HostMatch::Suffix(".example.com".into())));
+        assert_eq!(
+            parse_host("API.example.com"),
+            Ok(HostMatch::Exact("api.example.com".into()))
+        );
+        assert_eq!(
+            parse_host("*.example.com"),
+            Ok(HostMatch::Suffix(".example.com".into()))
+        );
         assert!(parse_host("api.example.com:8080").is_err());
         assert!(parse_host("a.*.com").is_err());
     }

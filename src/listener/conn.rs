@@ -34,11 +34,16 @@ pub struct ConnState {
 
 impl ConnState {
     pub fn new() -> Self {
-        ConnState { in_flight: AtomicUsize::new(0), last_change_ms: AtomicU64::new(0), opened: Instant::now() }
+        ConnState {
+            in_flight: AtomicUsize::new(0),
+            last_change_ms: AtomicU64::new(0),
+            opened: Instant::now(),
+        }
     }
 
     fn touch(&self) {
-        self.last_change_ms.store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_change_ms
+            .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     pub fn request_started(&self) {

@@ -60,7 +60,11 @@ pub struct BindError {
 }
 
 fn bind_socket(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
@@ -77,8 +81,15 @@ impl Server {
                 addr: l.bind,
                 source,
             })?;
-            let tls = l.tls.as_ref().map(|t| (TlsAcceptor::from(t.config.clone()), t.handshake_timeout));
-            listeners.push(Bound { name: Arc::from(l.name.as_str()), listener, tls });
+            let tls = l
+                .tls
+                .as_ref()
+                .map(|t| (TlsAcceptor::from(t.config.clone()), t.handshake_timeout));
+            listeners.push(Bound {
+                name: Arc::from(l.name.as_str()),
+                listener,
+                tls,
+            });
         }
         let admin = match &config.admin {
             Some(a) => Some(bind_socket(a.bind).map_err(|source| BindError {
@@ -88,14 +99,24 @@ impl Server {
             })?),
             None => None,
         };
-        Ok(Server { listeners, admin, pipeline, server: config.server })
+        Ok(Server {
+            listeners,
+            admin,
+            pipeline,
+            server: config.server,
+        })
     }
 
     /// `(listener name, bound address)`; the port is real even for `:0`.
     pub fn addrs(&self) -> Vec<(String, SocketAddr)> {
         self.listeners
             .iter()
-            .filter_map(|b| b.listener.local_addr().ok().map(|a| (b.name.to_string(), a)))
+            .filter_map(|b| {
+                b.listener
+                    .local_addr()
+                    .ok()
+                    .map(|a| (b.name.to_string(), a))
+            })
             .collect()
     }
 
@@ -126,12 +147,21 @@ impl Server {
             });
             accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
         }
-        let admin_task = self
-            .admin
-            .map(|l| tokio::spawn(admin::serve(l, admin::AdminState { ready: ready.clone(), listeners: listed })));
+        let admin_task = self.admin.map(|l| {
+            tokio::spawn(admin::serve(
+                l,
+                admin::AdminState {
+                    ready: ready.clone(),
+                    listeners: listed,
+                },
+            ))
+        });
 
         shutdown.await;
-        tracing::info!(grace_ms = self.server.shutdown_grace.as_millis() as u64, "shutting down: no new connections, draining in-flight requests");
+        tracing::info!(
+            grace_ms = self.server.shutdown_grace.as_millis() as u64,
+            "shutting down: no new connections, draining in-flight requests"
+        );
         ready.store(false, Ordering::SeqCst);
         let _ = stop_tx.send(true);
         while accept_loops.join_next().await.is_some() {}
@@ -202,7 +232,12 @@ async fn accept_loop(
     }
 }
 
-async fn connection(tcp: TcpStream, peer: SocketAddr, ctx: Arc<ListenerCtx>, stop: watch::Receiver<bool>) {
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<ListenerCtx>,
+    stop: watch::Receiver<bool>,
+) {
     let _ = tcp.set_nodelay(true);
     let info = Arc::new(ConnInfo {
         listener: ctx.name.clone(),
@@ -216,7 +251,9 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, ctx: Arc<ListenerCtx>, sto
         None => conn::serve(tcp, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
         Some((acceptor, handshake_timeout)) => {
             match tokio::time::timeout(*handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => conn::serve(tls, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
+                Ok(Ok(tls)) => {
+                    conn::serve(tls, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await
+                }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }

@@ -26,7 +26,9 @@ struct SniResolver {
 
 impl SniResolver {
     fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
-        let Some(name) = name else { return self.default.clone() };
+        let Some(name) = name else {
+            return self.default.clone();
+        };
         let name = name.to_ascii_lowercase();
         if let Some(k) = self.exact.get(&name) {
             return k.clone();
@@ -77,14 +79,22 @@ pub fn server_config(
         let key = match PrivateKeyDer::from_pem_file(key_path) {
             Ok(k) => k,
             Err(e) => {
-                problems.push((i, "key", format!("cannot load a private key from {key_path}: {e}")));
+                problems.push((
+                    i,
+                    "key",
+                    format!("cannot load a private key from {key_path}: {e}"),
+                ));
                 continue;
             }
         };
         let certified = match CertifiedKey::from_der(chain, key, &provider) {
             Ok(c) => Arc::new(c),
             Err(e) => {
-                problems.push((i, "key", format!("{key_path} does not fit {cert_path}: {e}")));
+                problems.push((
+                    i,
+                    "key",
+                    format!("{key_path} does not fit {cert_path}: {e}"),
+                ));
                 continue;
             }
         };
@@ -98,18 +108,28 @@ pub fn server_config(
         for name in sans {
             let lower = name.to_ascii_lowercase();
             match lower.strip_prefix('*') {
-                Some(suffix) => wildcard.entry(suffix.to_owned()).or_insert_with(|| certified.clone()),
-                None => exact.entry(lower.clone()).or_insert_with(|| certified.clone()),
+                Some(suffix) => wildcard
+                    .entry(suffix.to_owned())
+                    .or_insert_with(|| certified.clone()),
+                None => exact
+                    .entry(lower.clone())
+                    .or_insert_with(|| certified.clone()),
             };
             names.push(lower);
         }
         default.get_or_insert_with(|| certified.clone());
     }
-    let Some(default) = default else { return Err(problems) };
+    let Some(default) = default else {
+        return Err(problems);
+    };
     if !problems.is_empty() {
         return Err(problems);
     }
-    let resolver = SniResolver { exact, wildcard, default };
+    let resolver = SniResolver {
+        exact,
+        wildcard,
+        default,
+    };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| vec![(0, "cert", format!("tls setup failed: {e}"))])?
@@ -132,7 +152,9 @@ fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, String> {
                 GeneralName::IPAddress(bytes) => {
                     let ip = match bytes.len() {
                         4 => <[u8; 4]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
-                        16 => <[u8; 16]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*bytes)
+                            .ok()
+                            .map(std::net::IpAddr::from),
                         _ => None,
                     };
                     names.extend(ip.map(|ip| ip.to_string()));

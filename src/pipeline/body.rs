@@ -64,11 +64,19 @@ pub struct RequestBody {
 
 impl RequestBody {
     pub fn new(inner: Incoming, limit: u64) -> Self {
-        RequestBody { inner: Some(inner), remaining: limit, limit }
+        RequestBody {
+            inner: Some(inner),
+            remaining: limit,
+            limit,
+        }
     }
 
     pub fn empty() -> Self {
-        RequestBody { inner: None, remaining: 0, limit: 0 }
+        RequestBody {
+            inner: None,
+            remaining: 0,
+            limit: 0,
+        }
     }
 }
 
@@ -76,16 +84,23 @@ impl Body for RequestBody {
     type Data = Bytes;
     type Error = RequestBodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        let Some(inner) = this.inner.as_mut() else { return Poll::Ready(None) };
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
         match ready!(Pin::new(inner).poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > this.remaining {
                         this.inner = None;
-                        return Poll::Ready(Some(Err(RequestBodyError::TooLarge { limit: this.limit })));
+                        return Poll::Ready(Some(Err(RequestBodyError::TooLarge {
+                            limit: this.limit,
+                        })));
                     }
                     this.remaining -= len;
                 }
@@ -101,7 +116,9 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
@@ -116,7 +133,9 @@ impl fmt::Display for ResponseBodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResponseBodyError::Upstream(e) => write!(f, "upstream body failed: {e}"),
-            ResponseBodyError::IdleTimeout(d) => write!(f, "upstream sent nothing for {}ms mid-body", d.as_millis()),
+            ResponseBodyError::IdleTimeout(d) => {
+                write!(f, "upstream sent nothing for {}ms mid-body", d.as_millis())
+            }
         }
     }
 }
@@ -153,11 +172,19 @@ pin_project! {
 impl ProxyBody {
     pub fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
-        ProxyBody { kind: Kind::Full { data: (!data.is_empty()).then_some(data) }, end: None }
+        ProxyBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+            end: None,
+        }
     }
 
     pub fn empty() -> Self {
-        ProxyBody { kind: Kind::Full { data: None }, end: None }
+        ProxyBody {
+            kind: Kind::Full { data: None },
+            end: None,
+        }
     }
 
     /// Streams an upstream body. An already-finished body (204, HEAD,
@@ -172,7 +199,12 @@ impl ProxyBody {
             other => other,
         };
         ProxyBody {
-            kind: Kind::Upstream { inner, idle: tokio::time::sleep(idle_timeout), idle_timeout, conn },
+            kind: Kind::Upstream {
+                inner,
+                idle: tokio::time::sleep(idle_timeout),
+                idle_timeout,
+                conn,
+            },
             end: None,
         }
     }
@@ -186,11 +218,19 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = ResponseBodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
         let polled = match this.kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Upstream { inner, mut idle, idle_timeout, conn } => match Pin::new(&mut *inner).poll_frame(cx) {
+            KindProj::Upstream {
+                inner,
+                mut idle,
+                idle_timeout,
+                conn,
+            } => match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if inner.is_end_stream() {
                         // hyper stops polling once the length is reached,
@@ -242,7 +282,9 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Upstream { inner, .. } => inner.size_hint(),
         }
     }

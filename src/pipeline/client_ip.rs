@@ -24,7 +24,8 @@ pub struct ClientIp {
 impl ClientIp {
     pub fn from_peer(peer: IpAddr) -> Self {
         let ip = canonical(peer);
-        let header = HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
+        let header =
+            HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
         ClientIp { ip, header }
     }
 }

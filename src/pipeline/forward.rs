@@ -88,7 +88,11 @@ pub fn request_headers(headers: &mut HeaderMap, upgrade: Option<HeaderValue>, fw
 /// Rewrites an upstream response's headers for the client. A `101
 /// Switching Protocols` keeps its `Upgrade` and `Connection: upgrade`.
 pub fn response_headers(headers: &mut HeaderMap, switching: bool) {
-    let upgrade = if switching { headers.get(header::UPGRADE).cloned() } else { None };
+    let upgrade = if switching {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
     strip_hop_by_hop(headers);
     if let Some(protocol) = upgrade {
         headers.insert(header::CONNECTION, UPGRADE_TOKEN);
@@ -139,13 +143,28 @@ mod tests {
         ]);
         let client = HeaderValue::from_static("203.0.113.9");
         let host = Some(HeaderValue::from_static("api.example.com"));
-        request_headers(&mut h, None, Forwarded { client: &client, proto: "https", host });
+        request_headers(
+            &mut h,
+            None,
+            Forwarded {
+                client: &client,
+                proto: "https",
+                host,
+            },
+        );
         assert_eq!(h["x-forwarded-for"], "203.0.113.9");
         assert_eq!(h["x-real-ip"], "203.0.113.9");
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["x-forwarded-host"], "api.example.com");
         assert_eq!(h["accept"], "*/*");
-        for gone in ["connection", "x-secret", "keep-alive", "te", "forwarded", "expect"] {
+        for gone in [
+            "connection",
+            "x-secret",
+            "keep-alive",
+            "te",
+            "forwarded",
+            "expect",
+        ] {
             assert!(!h.contains_key(gone), "{gone} should be removed");
         }
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
@@ -153,11 +172,18 @@ mod tests {
 
     #[test]
     fn upgrades_survive_only_when_asked_for() {
-        let h = map(&[("connection", "keep-alive, Upgrade"), ("upgrade", "websocket")]);
+        let h = map(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+        ]);
         assert_eq!(requested_upgrade(&h).unwrap(), "websocket");
         assert!(requested_upgrade(&map(&[("upgrade", "websocket")])).is_none());
 
-        let mut resp = map(&[("connection", "upgrade"), ("upgrade", "websocket"), ("keep-alive", "x")]);
+        let mut resp = map(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("keep-alive", "x"),
+        ]);
         response_headers(&mut resp, true);
         assert_eq!(resp["upgrade"], "websocket");
         assert_eq!(resp["connection"], "upgrade");

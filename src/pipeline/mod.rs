@@ -62,7 +62,11 @@ impl Pipeline {
     pub fn new(config: &mut Config) -> Self {
         Pipeline {
             routes: std::mem::take(&mut config.routes),
-            upstreams: config.upstreams.iter().map(|u| Arc::new(Upstream::new(u))).collect(),
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|u| Arc::new(Upstream::new(u)))
+                .collect(),
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
             access_log: config.log.access_log,
@@ -128,7 +132,10 @@ impl Pipeline {
                 })
             }
             RouteMatch::NotFound => {
-                return Err(ProxyError::NoRoute { method: req.method().to_string(), path: req.uri().path().to_owned() })
+                return Err(ProxyError::NoRoute {
+                    method: req.method().to_string(),
+                    path: req.uri().path().to_owned(),
+                })
             }
         };
         end.set_route(&route.name);
@@ -137,18 +144,28 @@ impl Pipeline {
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
                 end.set_upstream(&upstream.name);
-                self.forward(req, conn, client, upstream, route.max_body_bytes, end).await
+                self.forward(req, conn, client, upstream, route.max_body_bytes, end)
+                    .await
             }
         }
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
         if headers.len() > self.max_headers {
-            return Err(ProxyError::TooManyHeaders { count: headers.len(), limit: self.max_headers });
+            return Err(ProxyError::TooManyHeaders {
+                count: headers.len(),
+                limit: self.max_headers,
+            });
         }
-        let size: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+        let size: usize = headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
         if size > self.max_header_bytes {
-            return Err(ProxyError::HeadersTooLarge { size, limit: self.max_header_bytes });
+            return Err(ProxyError::HeadersTooLarge {
+                size,
+                limit: self.max_header_bytes,
+            });
         }
         Ok(())
     }
@@ -174,13 +191,22 @@ impl Pipeline {
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
         let (mut parts, body) = req.into_parts();
-        let host = parts
-            .headers
-            .get(HOST)
-            .cloned()
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        let host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         let proto = if conn.tls { "https" } else { "http" };
-        forward::request_headers(&mut parts.headers, upgrade, Forwarded { client: &client.header, proto, host: host.clone() });
+        forward::request_headers(
+            &mut parts.headers,
+            upgrade,
+            Forwarded {
+                client: &client.header,
+                proto,
+                host: host.clone(),
+            },
+        );
         let host = match (&upstream.host_header, host) {
             (HostHeader::Preserve, Some(h)) => h,
             (HostHeader::Fixed(v), _) => v.clone(),
@@ -194,7 +220,10 @@ impl Pipeline {
         let mut target = None;
         let sent = upstream.send(req, &mut target).await;
         end.set_target(target);
-        let Exchange { mut response, conn: pooled } = sent?;
+        let Exchange {
+            mut response,
+            conn: pooled,
+        } = sent?;
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
@@ -225,7 +254,10 @@ impl Pipeline {
         }
         forward::response_headers(response.headers_mut(), false);
         let (parts, incoming) = response.into_parts();
-        Ok(Response::from_parts(parts, ProxyBody::upstream(incoming, upstream.timeout, Some(pooled))))
+        Ok(Response::from_parts(
+            parts,
+            ProxyBody::upstream(incoming, upstream.timeout, Some(pooled)),
+        ))
     }
 }
 
@@ -238,9 +270,13 @@ fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, ProxyError> {
     match req.headers().get(HOST) {
         Some(v) => match v.to_str() {
             Ok(s) if !s.is_empty() => Ok(Some(route::strip_port(s))),
-            _ => Err(ProxyError::BadRequest("the Host header is not a valid host")),
+            _ => Err(ProxyError::BadRequest(
+                "the Host header is not a valid host",
+            )),
         },
-        None if req.version() == Version::HTTP_11 => Err(ProxyError::BadRequest("HTTP/1.1 requests need a Host header")),
+        None if req.version() == Version::HTTP_11 => Err(ProxyError::BadRequest(
+            "HTTP/1.1 requests need a Host header",
+        )),
         None => Ok(None),
     }
 }
@@ -251,6 +287,9 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 
 /// `/path?query` for the upstream request line.
 fn origin_form(uri: &Uri) -> Uri {
-    let pq = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     Uri::from(pq)
 }

@@ -39,7 +39,11 @@ pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
 
 /// A `respond` route's canned answer.
 pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
-    let body = if method == Method::HEAD { ProxyBody::empty() } else { ProxyBody::full(r.body.clone()) };
+    let body = if method == Method::HEAD {
+        ProxyBody::empty()
+    } else {
+        ProxyBody::full(r.body.clone())
+    };
     let mut resp = Response::new(body);
     *resp.status_mut() = r.status;
     *resp.headers_mut() = r.headers.clone();
@@ -72,7 +76,13 @@ pub struct RequestEnd {
 impl RequestEnd {
     pub fn new(started: Instant, record: Option<Box<AccessRecord>>, conn: Arc<ConnState>) -> Self {
         conn.request_started();
-        RequestEnd { started, record, bytes: 0, aborted: false, conn }
+        RequestEnd {
+            started,
+            record,
+            bytes: 0,
+            aborted: false,
+            conn,
+        }
     }
 
     pub fn set_status(&mut self, status: StatusCode) {

@@ -16,7 +16,12 @@ pub enum RouteMatch<'a> {
 }
 
 /// `host` is the request's host without port, any case.
-pub fn find<'a>(routes: &'a [RouteConfig], host: Option<&str>, path: &str, method: &Method) -> RouteMatch<'a> {
+pub fn find<'a>(
+    routes: &'a [RouteConfig],
+    host: Option<&str>,
+    path: &str,
+    method: &Method,
+) -> RouteMatch<'a> {
     let mut allowed: Option<Vec<&'a Method>> = None;
     for route in routes {
         if !host_matches(route.host.as_ref(), host) || !path_matches(&route.path, path) {
@@ -45,7 +50,8 @@ fn host_matches(want: Option<&HostMatch>, host: Option<&str>) -> bool {
         (Some(_), None) => false,
         (Some(HostMatch::Exact(h)), Some(got)) => got.eq_ignore_ascii_case(h),
         (Some(HostMatch::Suffix(s)), Some(got)) => {
-            got.len() > s.len() && got.as_bytes()[got.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
+            got.len() > s.len()
+                && got.as_bytes()[got.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
         }
     }
 }
@@ -114,9 +120,18 @@ mod tests {
   - { name: wild, match: { host: '*.example.com', path_prefix: / }, respond: {} }
   - { name: post, match: { path: /login, methods: [POST] }, respond: {} }",
         );
-        assert_eq!(name(find(&r, Some("API.Example.com"), "/a", &Method::GET)), "exact-host");
-        assert_eq!(name(find(&r, Some("x.y.example.com"), "/a", &Method::GET)), "wild");
-        assert_eq!(name(find(&r, Some("example.com"), "/a", &Method::GET)), "any");
+        assert_eq!(
+            name(find(&r, Some("API.Example.com"), "/a", &Method::GET)),
+            "exact-host"
+        );
+        assert_eq!(
+            name(find(&r, Some("x.y.example.com"), "/a", &Method::GET)),
+            "wild"
+        );
+        assert_eq!(
+            name(find(&r, Some("example.com"), "/a", &Method::GET)),
+            "any"
+        );
         assert_eq!(name(find(&r, None, "/login", &Method::POST)), "post");
         assert_eq!(name(find(&r, None, "/login", &Method::GET)), "405 POST");
         assert_eq!(name(find(&r, None, "/nope", &Method::GET)), "404");

@@ -42,7 +42,10 @@ pub fn pattern_byte(i: u64) -> u8 {
 
 impl Pattern {
     pub fn new(len: u64) -> Self {
-        Pattern { remaining: len, offset: 0 }
+        Pattern {
+            remaining: len,
+            offset: 0,
+        }
     }
 
     /// The SHA-256 of the whole stream, computed chunk by chunk.
@@ -70,7 +73,10 @@ impl Pattern {
 impl Body for Pattern {
     type Data = Bytes;
     type Error = Infallible;
-    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         Poll::Ready(self.next_chunk().map(|c| Ok(Frame::data(c))))
     }
     fn size_hint(&self) -> SizeHint {
@@ -88,7 +94,10 @@ struct DiesMidBody {
 impl Body for DiesMidBody {
     type Data = Bytes;
     type Error = BoxError;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         use std::future::Future;
         if !self.sent {
             self.sent = true;
@@ -106,7 +115,9 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn full(data: impl Into<Bytes>) -> ClientBody {
-    Full::new(data.into()).map_err(|e: Infallible| match e {}).boxed()
+    Full::new(data.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
 }
 
 pub fn empty() -> ClientBody {
@@ -114,7 +125,9 @@ pub fn empty() -> ClientBody {
 }
 
 pub fn pattern(len: u64) -> ClientBody {
-    Pattern::new(len).map_err(|e: Infallible| match e {}).boxed()
+    Pattern::new(len)
+        .map_err(|e: Infallible| match e {})
+        .boxed()
 }
 
 /// A body sent as chunked (no size hint) in pieces.
@@ -123,8 +136,15 @@ pub fn chunked(pieces: Vec<&'static [u8]>) -> ClientBody {
     impl Body for Chunks {
         type Data = Bytes;
         type Error = BoxError;
-        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(Bytes::from_static(c)))))
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|c| Ok(Frame::data(Bytes::from_static(c)))),
+            )
         }
     }
     Chunks(pieces.into()).boxed()
@@ -173,21 +193,31 @@ impl Upstream {
                         hits.fetch_add(1, Ordering::SeqCst);
                         upstream_answer(req)
                     });
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     match tls {
                         Some(acc) => {
                             if let Ok(s) = acc.accept(tcp).await {
-                                let _ = builder.serve_connection_with_upgrades(TokioIo::new(s), svc).await;
+                                let _ = builder
+                                    .serve_connection_with_upgrades(TokioIo::new(s), svc)
+                                    .await;
                             }
                         }
                         None => {
-                            let _ = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc).await;
+                            let _ = builder
+                                .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                                .await;
                         }
                     }
                 });
             }
         });
-        Upstream { addr, hits, conns, _stop: stop }
+        Upstream {
+            addr,
+            hits,
+            conns,
+            _stop: stop,
+        }
     }
 
     pub fn hits(&self) -> usize {
@@ -227,13 +257,24 @@ async fn upstream_answer(mut req: Request<Incoming>) -> Result<Response<ClientBo
             resp(200, pattern(n))
         }
         "/die-mid-body" => {
-            let mut r = resp(200, DiesMidBody { sent: false, pause: Box::pin(tokio::time::sleep(Duration::from_millis(200))) }.boxed());
-            r.headers_mut().insert("content-length", "100000".parse().unwrap());
+            let mut r = resp(
+                200,
+                DiesMidBody {
+                    sent: false,
+                    pause: Box::pin(tokio::time::sleep(Duration::from_millis(200))),
+                }
+                .boxed(),
+            );
+            r.headers_mut()
+                .insert("content-length", "100000".parse().unwrap());
             r
         }
         "/status" => resp(query(&req, "code").unwrap_or(200) as u16, full("status")),
         "/refuse-upgrade" => {
-            let mut r = resp(query(&req, "status").unwrap_or(426) as u16, full("no upgrade for you"));
+            let mut r = resp(
+                query(&req, "status").unwrap_or(426) as u16,
+                full("no upgrade for you"),
+            );
             r.headers_mut().insert("x-refused", "1".parse().unwrap());
             r
         }
@@ -254,7 +295,9 @@ fn websocket(req: &mut Request<Incoming>) -> Response<ClientBody> {
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         use futures_util::{SinkExt, StreamExt};
-        let Ok(upgraded) = on_upgrade.await else { return };
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
         let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
             TokioIo::new(upgraded),
             tokio_tungstenite::tungstenite::protocol::Role::Server,
@@ -262,18 +305,21 @@ fn websocket(req: &mut Request<Incoming>) -> Response<ClientBody> {
         )
         .await;
         while let Some(Ok(msg)) = ws.next().await {
-            if msg.is_text() || msg.is_binary() {
-                if ws.send(msg).await.is_err() {
-                    return;
-                }
+            if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                return;
             }
         }
     });
     let mut r = Response::new(empty());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    r.headers_mut().insert("connection", "upgrade".parse().unwrap());
-    r.headers_mut().insert("upgrade", "websocket".parse().unwrap());
-    r.headers_mut().insert("sec-websocket-accept", derive_accept_key(key.as_bytes()).parse().unwrap());
+    r.headers_mut()
+        .insert("connection", "upgrade".parse().unwrap());
+    r.headers_mut()
+        .insert("upgrade", "websocket".parse().unwrap());
+    r.headers_mut().insert(
+        "sec-websocket-accept",
+        derive_accept_key(key.as_bytes()).parse().unwrap(),
+    );
     r
 }
 
@@ -301,7 +347,10 @@ async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
             .iter()
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
-        headers.insert(name.as_str().to_owned(), serde_json::Value::String(values.join(", ")));
+        headers.insert(
+            name.as_str().to_owned(),
+            serde_json::Value::String(values.join(", ")),
+        );
     }
     let json = serde_json::json!({
         "method": parts.method.as_str(),
@@ -313,7 +362,8 @@ async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
         "body": String::from_utf8_lossy(&text),
     });
     let mut r = Response::new(full(json.to_string()));
-    r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
     r
 }
 
@@ -341,7 +391,13 @@ impl TestProxy {
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
         }));
-        TestProxy { addrs, admin, pipeline, stop: Some(stop), done: Some(done) }
+        TestProxy {
+            addrs,
+            admin,
+            pipeline,
+            stop: Some(stop),
+            done: Some(done),
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -349,7 +405,11 @@ impl TestProxy {
     }
 
     pub fn addr_of(&self, name: &str) -> SocketAddr {
-        self.addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a).expect("listener")
+        self.addrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+            .expect("listener")
     }
 
     /// Starts the graceful shutdown and returns the run task to await.
@@ -398,7 +458,9 @@ impl Got {
 
 pub async fn h1(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<ClientBody> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
     tokio::spawn(conn.with_upgrades());
     sender
 }
@@ -406,7 +468,9 @@ pub async fn h1(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Cli
 pub async fn h2(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<ClientBody> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
     tokio::spawn(conn);
     sender
 }
@@ -414,16 +478,28 @@ pub async fn h2(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Cli
 pub async fn collect(resp: Response<Incoming>) -> Got {
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("response body").to_bytes();
-    Got { status: parts.status, headers: parts.headers, body }
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
 }
 
-pub async fn send1(sender: &mut hyper::client::conn::http1::SendRequest<ClientBody>, req: Request<ClientBody>) -> Got {
+pub async fn send1(
+    sender: &mut hyper::client::conn::http1::SendRequest<ClientBody>,
+    req: Request<ClientBody>,
+) -> Got {
     sender.ready().await.unwrap();
     collect(sender.send_request(req).await.expect("response")).await
 }
 
 pub fn request(method: &str, path: &str, body: ClientBody) -> Request<ClientBody> {
-    Request::builder().method(method).uri(path).header("host", "test.local").body(body).unwrap()
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "test.local")
+        .body(body)
+        .unwrap()
 }
 
 /// One HTTP/1.1 request on a fresh connection.
@@ -458,37 +534,55 @@ impl TestCa {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, "tollgate test CA");
-        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "tollgate test CA");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
         let cert = params.self_signed(&key).unwrap();
         let ca_pem = dir.path().join("ca.pem");
         std::fs::write(&ca_pem, cert.pem()).unwrap();
         let ca_der = cert.der().clone();
-        TestCa { dir, issuer: rcgen::Issuer::new(params, key), ca_pem, ca_der }
+        TestCa {
+            dir,
+            issuer: rcgen::Issuer::new(params, key),
+            ca_pem,
+            ca_der,
+        }
     }
 
     /// Writes `<name>.pem` (leaf + CA chain) and `<name>.key`; returns their paths.
     pub fn leaf(&self, file: &str, names: &[&str]) -> (String, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, names[0]);
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         let cert_path = self.dir.path().join(format!("{file}.pem"));
         let key_path = self.dir.path().join(format!("{file}.key"));
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        (cert_path.display().to_string(), key_path.display().to_string())
+        (
+            cert_path.display().to_string(),
+            key_path.display().to_string(),
+        )
     }
 
     pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca_der.clone()).unwrap();
-        let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(c)
     }
@@ -509,5 +603,8 @@ pub async fn tls_connect(
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from(sni.to_owned()).unwrap();
-    TlsConnector::from(config).connect(name, tcp).await.expect("TLS handshake")
+    TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake")
 }

@@ -96,7 +96,10 @@ impl Upstream {
             timeout: cfg.timeout,
             cooldown: cfg.cooldown,
             host_header: cfg.host_header.clone(),
-            tls: cfg.tls.as_ref().map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone())),
+            tls: cfg
+                .tls
+                .as_ref()
+                .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone())),
             epoch: Instant::now(),
         }
     }
@@ -142,7 +145,11 @@ impl Upstream {
                 *chosen = Some(target.authority.clone());
                 let mut pooled_first = true;
                 loop {
-                    let idle = if pooled_first { self.take_ready(target).await } else { None };
+                    let idle = if pooled_first {
+                        self.take_ready(target).await
+                    } else {
+                        None
+                    };
                     let (sender, idle_for) = match idle {
                         Some((s, age)) => (s, Some(age)),
                         None => match self.connect(target).await {
@@ -151,9 +158,10 @@ impl Upstream {
                                 (s, None)
                             }
                             Err(e) => {
-                                target
-                                    .down_until_ms
-                                    .store(self.now_ms() + self.cooldown.as_millis() as u64, Ordering::Relaxed);
+                                target.down_until_ms.store(
+                                    self.now_ms() + self.cooldown.as_millis() as u64,
+                                    Ordering::Relaxed,
+                                );
                                 tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
                                 last_connect_error = format!("{}: {e}", target.authority);
                                 break;
@@ -165,7 +173,8 @@ impl Upstream {
                         _ => None,
                     };
                     let mut conn = Pooled::new(sender, target.pool.clone());
-                    let sent = tokio::time::timeout(self.timeout, conn.sender.try_send_request(req)).await;
+                    let sent =
+                        tokio::time::timeout(self.timeout, conn.sender.try_send_request(req)).await;
                     match sent {
                         Err(_) => {
                             return Err(ProxyError::UpstreamTimeout {
@@ -194,11 +203,17 @@ impl Upstream {
                 }
             }
         }
-        Err(ProxyError::UpstreamUnreachable { upstream: self.name.to_string(), reason: last_connect_error })
+        Err(ProxyError::UpstreamUnreachable {
+            upstream: self.name.to_string(),
+            reason: last_connect_error,
+        })
     }
 
     /// Pops idle connections until one is ready to take a request.
-    async fn take_ready(&self, target: &TargetState) -> Option<(SendRequest<RequestBody>, Duration)> {
+    async fn take_ready(
+        &self,
+        target: &TargetState,
+    ) -> Option<(SendRequest<RequestBody>, Duration)> {
         while let Some((mut sender, age)) = target.pool.take() {
             if sender.ready().await.is_ok() {
                 return Some((sender, age));
@@ -211,10 +226,21 @@ impl Upstream {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let tcp = match target.addr {
             Some(addr) => tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await,
-            None => tokio::time::timeout_at(deadline, TcpStream::connect((target.host.as_str(), target.port))).await,
+            None => {
+                tokio::time::timeout_at(
+                    deadline,
+                    TcpStream::connect((target.host.as_str(), target.port)),
+                )
+                .await
+            }
         };
         let tcp = match tcp {
-            Err(_) => return Err(format!("connect timed out after {}ms", self.connect_timeout.as_millis())),
+            Err(_) => {
+                return Err(format!(
+                    "connect timed out after {}ms",
+                    self.connect_timeout.as_millis()
+                ))
+            }
             Ok(Err(e)) => return Err(e.to_string()),
             Ok(Ok(s)) => s,
         };
@@ -224,8 +250,9 @@ impl Upstream {
             Some((connector, name)) => {
                 let server_name = match name {
                     Some(n) => n.clone(),
-                    None => rustls_pki_types::ServerName::try_from(target.host.clone())
-                        .map_err(|_| format!("\"{}\" is not a valid TLS server name", target.host))?,
+                    None => rustls_pki_types::ServerName::try_from(target.host.clone()).map_err(
+                        |_| format!("\"{}\" is not a valid TLS server name", target.host),
+                    )?,
                 };
                 let tls = tokio::time::timeout_at(deadline, connector.connect(server_name, tcp))
                     .await
@@ -241,13 +268,20 @@ impl Upstream {
         while let Some(e) = source {
             if let Some(body_err) = e.downcast_ref::<RequestBodyError>() {
                 return match body_err {
-                    RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit: *limit },
-                    RequestBodyError::Client(_) => ProxyError::BadRequest("the client's request body was cut off"),
+                    RequestBodyError::TooLarge { limit } => {
+                        ProxyError::BodyTooLarge { limit: *limit }
+                    }
+                    RequestBodyError::Client(_) => {
+                        ProxyError::BadRequest("the client's request body was cut off")
+                    }
                 };
             }
             source = e.source();
         }
-        ProxyError::UpstreamFailed { upstream: self.name.to_string(), reason: err.to_string() }
+        ProxyError::UpstreamFailed {
+            upstream: self.name.to_string(),
+            reason: err.to_string(),
+        }
     }
 
     /// Idle pooled connections across targets (for tests and the admin API).
@@ -273,7 +307,10 @@ where
 }
 
 fn is_idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
 }
 
 /// A copy of a bodiless request, kept in case it must be sent again.

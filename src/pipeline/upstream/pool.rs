@@ -45,14 +45,21 @@ impl Pooled {
         }
         let mut idle = self.pool.lock();
         if idle.len() < self.pool.max_idle {
-            idle.push(Idle { sender: self.sender, since: Instant::now() });
+            idle.push(Idle {
+                sender: self.sender,
+                since: Instant::now(),
+            });
         }
     }
 }
 
 impl Pool {
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
-        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout }
+        Pool {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            idle_timeout,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Whole-proxy load test: tollgate against nginx on the same machine, in the
+# same run, in front of the same upstream (an nginx `return 200`).
+#
+#   bash benches/load.sh            # 10 s per run, 64 connections
+#   DURATION=30s CONNS=128 bash benches/load.sh
+#
+# Needs nginx and wrk (installed from Debian's packages when missing).
+# Everything listens on 127.0.0.1 only and every run is bounded by DURATION.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-1}
+UP_PORT=${UP_PORT:-18081}
+NGINX_PORT=${NGINX_PORT:-18082}
+TG_PORT=${TG_PORT:-18083}
+ADMIN_PORT=${ADMIN_PORT:-18084}
+
+need=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+cargo build --release --quiet
+work=$(mktemp -d)
+cleanup() {
+    [ -f "$work/up.pid" ] && kill "$(cat "$work/up.pid")" 2>/dev/null || true
+    [ -f "$work/proxy.pid" ] && kill "$(cat "$work/proxy.pid")" 2>/dev/null || true
+    [ -n "${TG_PID:-}" ] && kill "$TG_PID" 2>/dev/null || true
+    sleep 0.3
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+cores=$(nproc)
+cat > "$work/up.conf" <<CONF
+worker_processes 1;
+pid $work/up.pid;
+error_log $work/up.err;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    server { listen 127.0.0.1:$UP_PORT; keepalive_requests 100000;
+             location / { return 200 "ok\n"; } }
+}
+CONF
+cat > "$work/proxy.conf" <<CONF
+worker_processes $cores;
+pid $work/proxy.pid;
+error_log $work/proxy.err;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    upstream api { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    server { listen 127.0.0.1:$NGINX_PORT; keepalive_requests 100000;
+             location / { proxy_pass http://api; proxy_http_version 1.1;
+                          proxy_set_header Connection "";
+                          proxy_set_header X-Forwarded-For \$remote_addr; } }
+}
+CONF
+cat > "$work/tollgate.yaml" <<CONF
+listeners: [{ bind: "127.0.0.1:$TG_PORT" }]
+admin: { bind: "127.0.0.1:$ADMIN_PORT" }
+log: { level: warn, access_log: false }
+upstreams: { api: { targets: ["127.0.0.1:$UP_PORT"] } }
+routes: [{ match: { path_prefix: / }, upstream: api }]
+CONF
+
+"$NGINX" -c "$work/up.conf"
+"$NGINX" -c "$work/proxy.conf"
+target/release/tollgate run --config "$work/tollgate.yaml" >"$work/tollgate.log" 2>&1 &
+TG_PID=$!
+sleep 1
+curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null
+curl -fsS "http://127.0.0.1:$TG_PORT/" >/dev/null
+
+run() { # name port
+    wrk -t"$THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$2/" >/dev/null # warm-up
+    local out rps p99
+    out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$2/")
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+    local errors
+    errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out")
+    printf '%-10s %12s req/s   p99 %8s   %s\n' "$1" "$rps" "$p99" "$errors" >&2
+    echo "$rps"
+}
+
+echo "wrk -t$THREADS -c$CONNS -d$DURATION on $cores cores (upstream: nginx return 200)" >&2
+nginx_rps=$(run nginx "$NGINX_PORT")
+tg_rps=$(run tollgate "$TG_PORT")
+awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "tollgate / nginx throughput ratio: %.2f\n", t / n }'

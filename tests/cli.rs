@@ -1,0 +1,288 @@
+//! The `tollgate` binary as an operator uses it: `check`, `--version`, `run`
+//! with SIGTERM, and flat memory while large bodies stream through.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn write_config(dir: &tempfile::TempDir, yaml: &str) -> String {
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn check_reports_every_mistake_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        "listeners:
+  - { name: plain, bind: '127.0.0.1:8080', colour: blue }
+upstreams:
+  api: { targets: ['127.0.0.1:3000'], timeout: 30 }
+routes:
+  - { match: { path_prefix: / }, upstream: apj }
+",
+    );
+    let out = Command::new(BIN)
+        .args(["check", "--config", &path])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("3 problem(s)"), "{stderr}");
+    assert!(
+        stderr.contains("listeners[0].colour: unknown field `colour`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("upstreams.api.timeout: expected a duration like \"250ms\", \"30s\" or \"1m\", got \"30\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("routes[0].upstream: no upstream named \"apj\" (defined: api)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_names_a_missing_environment_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        "listeners: [{ bind: '${TOLLGATE_TEST_UNSET_BIND}' }]\nroutes: [{ match: { path: / }, respond: {} }]\n",
+    );
+    let out = Command::new(BIN)
+        .args(["check", "--config", &path])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains(
+            "listeners[0].bind: environment variable TOLLGATE_TEST_UNSET_BIND is not set"
+        ),
+        "{stderr}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["check", "--config", &path])
+        .env("TOLLGATE_TEST_UNSET_BIND", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_example_config_passes_check_with_a_summary() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml");
+    let out = Command::new(BIN)
+        .args(["check", "--config", example])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("is valid"), "{stdout}");
+    for section in [
+        "listeners:",
+        "upstreams:",
+        "routes (in match order):",
+        "127.0.0.1:8080",
+    ] {
+        assert!(stdout.contains(section), "missing {section}: {stdout}");
+    }
+}
+
+#[test]
+fn a_missing_file_and_a_bad_file_refuse_to_run() {
+    let out = Command::new(BIN)
+        .args(["run", "--config", "/nonexistent/tollgate.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/tollgate.yaml"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, "listeners: []\n");
+    let out = Command::new(BIN)
+        .args(["run", "--config", &path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("listeners: at least one listener is required"));
+}
+
+#[test]
+fn version_is_printed() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("tollgate {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// A running `tollgate run`, killed on drop.
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(rest: &str) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]\nadmin: {{ bind: '127.0.0.1:0' }}\nlog: {{ format: json, access_log: false }}\n{rest}"
+        );
+        let path = write_config(&dir, &yaml);
+        let mut child = Command::new(BIN)
+            .args(["run", "--config", &path])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut addr, mut admin) = (None, None);
+        while addr.is_none() || admin.is_none() {
+            let line = lines
+                .next()
+                .expect("tollgate exited before listening")
+                .unwrap();
+            let event: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            let parsed = event["addr"]
+                .as_str()
+                .and_then(|a| a.parse::<SocketAddr>().ok());
+            match event["message"].as_str() {
+                Some("listening") => addr = parsed,
+                Some("admin listening") => admin = parsed,
+                _ => {}
+            }
+        }
+        // Keep draining stdout so logging never blocks the process.
+        std::thread::spawn(move || for _ in lines {});
+        Running {
+            child,
+            addr: addr.unwrap(),
+            admin: admin.unwrap(),
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+
+    /// Peak resident memory (VmHWM) in KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/<pid>/status")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
+    let up = Upstream::spawn().await;
+    let mut run = Running::start(&format!(
+        "server: {{ shutdown_grace: 10s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ));
+    assert_eq!(get(run.admin, "/readyz").await.status, 200);
+    let addr = run.addr;
+    let slow = tokio::spawn(async move { get(addr, "/slow?ms=1500").await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    run.signal("-TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no new connections are accepted while draining"
+    );
+    let got = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .expect("in-flight request finished")
+        .unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, "slow done");
+    let status = tokio::task::spawn_blocking(move || {
+        let s = run.child.wait().unwrap();
+        drop(run);
+        s
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_flat_while_large_bodies_stream() {
+    const SIZE: u64 = 100 * 1024 * 1024;
+    let up = Upstream::spawn().await;
+    let run = Running::start(&format!(
+        "server: {{ max_body_size: 1GB }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ));
+    let before = run.peak_rss_kib();
+    let mut c = h1(run.addr).await;
+    let got = send1(&mut c, request("POST", "/upload", pattern(SIZE))).await;
+    assert_eq!(got.json()["body_sha256"], Pattern::sha256(SIZE));
+    let got = send1(
+        &mut c,
+        request("GET", &format!("/download?bytes={SIZE}"), empty()),
+    )
+    .await;
+    assert_eq!(got.body.len() as u64, SIZE);
+    let grew_mib = (run.peak_rss_kib().saturating_sub(before)) / 1024;
+    eprintln!("peak RSS grew by {grew_mib} MiB while 200 MiB streamed through");
+    assert!(
+        grew_mib < 32,
+        "tollgate buffered the body: peak RSS grew by {grew_mib} MiB"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reports_health_and_readiness() {
+    let run = Running::start("routes: [{ match: { path: / }, respond: { body: hi } }]\n");
+    let got = get(run.admin, "/healthz").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["status"], "ok");
+    let got = get(run.admin, "/readyz").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["listeners"][0]["addr"], run.addr.to_string());
+    assert_eq!(get(run.admin, "/nope").await.status, 404);
+    assert_eq!(get(run.addr, "/").await.body, "hi");
+}
