@@ -143,6 +143,8 @@ fn version_is_printed() {
 /// A running `tollgate run`, killed on drop.
 struct Running {
     child: Child,
+    /// Every stdout line (JSON log events) printed after start-up.
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     addr: SocketAddr,
     admin: SocketAddr,
     _dir: tempfile::TempDir,
@@ -150,9 +152,13 @@ struct Running {
 
 impl Running {
     fn start(rest: &str) -> Running {
+        Self::start_logging(rest, false)
+    }
+
+    fn start_logging(rest: &str, access_log: bool) -> Running {
         let dir = tempfile::tempdir().unwrap();
         let yaml = format!(
-            "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]\nadmin: {{ bind: '127.0.0.1:0' }}\nlog: {{ format: json, access_log: false }}\n{rest}"
+            "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]\nadmin: {{ bind: '127.0.0.1:0' }}\nlog: {{ format: json, access_log: {access_log} }}\n{rest}"
         );
         let path = write_config(&dir, &yaml);
         let mut child = Command::new(BIN)
@@ -179,9 +185,16 @@ impl Running {
             }
         }
         // Keep draining stdout so logging never blocks the process.
-        std::thread::spawn(move || for _ in lines {});
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
         Running {
             child,
+            logs,
             addr: addr.unwrap(),
             admin: admin.unwrap(),
             _dir: dir,
@@ -285,4 +298,49 @@ async fn admin_reports_health_and_readiness() {
     assert_eq!(got.json()["listeners"][0]["addr"], run.addr.to_string());
     assert_eq!(get(run.admin, "/nope").await.status, 404);
     assert_eq!(get(run.addr, "/").await.body, "hi");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_one_json_event_per_request() {
+    let up = Upstream::spawn().await;
+    let run = Running::start_logging(
+        &format!(
+            "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ name: api, match: {{ path_prefix: /api/ }}, upstream: api }}\n",
+            up.addr
+        ),
+        true,
+    );
+    assert_eq!(get(run.addr, "/api/items?secret=1").await.status, 200);
+    assert_eq!(get(run.addr, "/missing").await.status, 404);
+    let mut events = Vec::new();
+    for _ in 0..50 {
+        events = run
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["target"] == "tollgate::access")
+            .collect();
+        if events.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(events.len(), 2, "{events:?}");
+    let ok = &events[0];
+    assert_eq!(ok["method"], "GET");
+    assert_eq!(
+        ok["path"], "/api/items",
+        "the query string stays out of the log"
+    );
+    assert_eq!(ok["status"], 200);
+    assert_eq!(ok["client"], "127.0.0.1");
+    assert_eq!(ok["route"], "api");
+    assert_eq!(ok["upstream"], "api");
+    assert_eq!(ok["upstream_target"], up.addr.to_string());
+    assert!(ok["bytes"].as_u64().unwrap() > 0);
+    assert!(ok["duration_ms"].as_f64().is_some());
+    assert_eq!(events[1]["status"], 404);
+    assert_eq!(events[1]["upstream"], "-");
 }

@@ -6,9 +6,14 @@ mod common;
 
 use common::*;
 
-fn proxied(up: &Upstream) -> String {
+fn proxied_with_canned(up: &Upstream) -> String {
     config(&format!(
-        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n  - {{ match: {{ path: /canned }}, respond: {{ status: 202, body: canned, headers: {{ x-canned: yes }} }} }}\n",
+        "upstreams:
+  api: {{ targets: ['{}'] }}
+routes:
+  - {{ match: {{ path_prefix: / }}, upstream: api }}
+  - {{ match: {{ path: /canned }}, respond: {{ status: 202, body: canned, headers: {{ x-canned: yes }} }} }}
+",
         up.addr
     ))
 }
@@ -16,7 +21,7 @@ fn proxied(up: &Upstream) -> String {
 #[tokio::test]
 async fn get_and_post_with_bodies_pass_through_http1() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
     let mut c = h1(proxy.addr()).await;
 
     let got = send1(&mut c, request("GET", "/items?page=2", empty())).await;
@@ -53,7 +58,7 @@ async fn get_and_post_with_bodies_pass_through_http1() {
 #[tokio::test]
 async fn http2_clients_are_served_over_h2c_and_forwarded_as_http1() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
     let mut c = h2(proxy.addr()).await;
     let req = http::Request::builder()
         .method("POST")
@@ -93,7 +98,7 @@ async fn http2_clients_are_served_over_h2c_and_forwarded_as_http1() {
 #[tokio::test]
 async fn hop_by_hop_headers_and_client_forwarding_headers_are_removed() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
     let mut c = h1(proxy.addr()).await;
     let req = http::Request::builder()
         .uri("/h")
@@ -164,7 +169,7 @@ async fn host_header_can_be_the_target_or_fixed() {
 #[tokio::test]
 async fn respond_routes_answer_without_an_upstream() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
     let got = get(proxy.addr(), "/canned").await;
     assert_eq!(got.status, 202);
     assert_eq!(got.body, "canned");
@@ -205,7 +210,7 @@ async fn unmatched_requests_get_problem_bodies() {
 #[tokio::test]
 async fn head_and_empty_bodies_keep_the_connection_pooled() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
     let mut c = h1(proxy.addr()).await;
     for _ in 0..5 {
         let got = send1(&mut c, request("HEAD", "/x", empty())).await;

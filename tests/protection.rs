@@ -204,3 +204,25 @@ async fn the_connection_cap_queues_new_connections_until_one_closes() {
     assert_eq!(status, 200);
     drop(b);
 }
+
+#[tokio::test]
+async fn http2_advertises_the_configured_stream_limit() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&guarded(&up, "h2_max_concurrent_streams: 7")).await;
+    let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    // Client preface and an empty SETTINGS frame.
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut head = [0u8; 9];
+    tcp.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[3], 0x4, "the server's first frame is SETTINGS");
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    tcp.read_exact(&mut payload).await.unwrap();
+    let max_streams = payload
+        .chunks(6)
+        .find(|s| u16::from_be_bytes([s[0], s[1]]) == 0x3)
+        .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+    assert_eq!(max_streams, Some(7));
+}

@@ -8,17 +8,18 @@ use sha2::{Digest, Sha256};
 
 const SIZE: u64 = 100 * 1024 * 1024;
 
-fn proxied(up: &Upstream) -> String {
-    config(&format!(
-        "server: {{ max_body_size: 1GB }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
-        up.addr
-    ))
+fn proxied_1gb(up: &Upstream) -> String {
+    forward_all(
+        &format!("'{}'", up.addr),
+        "",
+        "server: { max_body_size: 1GB }",
+    )
 }
 
 #[tokio::test]
 async fn a_100mb_upload_arrives_intact() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_1gb(&up)).await;
     let mut c = h1(proxy.addr()).await;
     let got = send1(&mut c, request("POST", "/upload", pattern(SIZE))).await;
     assert_eq!(got.status, 200);
@@ -30,7 +31,7 @@ async fn a_100mb_upload_arrives_intact() {
 #[tokio::test]
 async fn a_100mb_download_arrives_intact_over_http1_and_http2() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let proxy = TestProxy::spawn(&proxied_1gb(&up)).await;
     let expected = Pattern::sha256(SIZE);
 
     let mut c = h1(proxy.addr()).await;

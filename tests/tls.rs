@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::pem::PemObject;
 use x509_parser::prelude::*;
 
 fn tls_yaml(ca: &TestCa, up: &Upstream) -> String {
@@ -147,4 +148,36 @@ async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
         .unwrap_or(0);
     assert_eq!(n, 0);
     assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn tls_1_2_and_1_3_clients_are_both_served() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&tls_yaml(&ca, &up)).await;
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let base = ca.client_config(&[b"http/1.1"]);
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(
+            rustls_pki_types::CertificateDer::pem_file_iter(&ca.ca_pem)
+                .unwrap()
+                .map(|c| c.unwrap()),
+        );
+        let mut cfg = rustls::ClientConfig::builder_with_provider(base.crypto_provider().clone())
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let s = tls_connect(proxy.addr(), std::sync::Arc::new(cfg), "api.example.com").await;
+        assert_eq!(s.get_ref().1.protocol_version(), Some(version.version));
+        let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        assert_eq!(
+            send1(&mut c, request("GET", "/v", empty())).await.status,
+            200
+        );
+    }
 }

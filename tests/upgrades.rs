@@ -10,13 +10,6 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 
-fn proxied(up: &Upstream) -> String {
-    config(&format!(
-        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
-        up.addr
-    ))
-}
-
 #[tokio::test]
 async fn websocket_echo_through_tollgate() {
     let up = Upstream::spawn().await;

@@ -22,10 +22,8 @@ async fn dead_port() -> SocketAddr {
     addr
 }
 
-fn route_to(targets: &str, extra: &str) -> String {
-    config(&format!(
-        "upstreams:\n  api: {{ targets: [{targets}] {extra} }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
-    ))
+fn route_to(targets: &str, upstream_extra: &str) -> String {
+    forward_all(targets, upstream_extra, "")
 }
 
 #[tokio::test]
@@ -243,5 +241,31 @@ async fn https_upstreams_are_verified_against_the_configured_ca() {
         got.json()["detail"].as_str().unwrap().contains("TLS"),
         "{}",
         got.json()
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_stalling_mid_body_is_cut_at_the_timeout() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&route_to(&format!("'{}'", up.addr), ", timeout: 500ms")).await;
+    let mut c = h1(proxy.addr()).await;
+    c.ready().await.unwrap();
+    let resp = c
+        .send_request(request("GET", "/die-mid-body?pause_ms=60000", empty()))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let started = Instant::now();
+    let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+        .await
+        .expect("a stalled body must not hang the client");
+    assert!(
+        body.is_err(),
+        "a stalled body ends in an error, not a short complete response"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
     );
 }

@@ -132,7 +132,7 @@ impl Drop for RequestEnd {
             status = r.status.as_u16(),
             route = r.route.as_deref().unwrap_or("-"),
             upstream = r.upstream.as_deref().unwrap_or("-"),
-            target = r.target.as_deref().unwrap_or("-"),
+            upstream_target = r.target.as_deref().unwrap_or("-"),
             duration_ms = (ms * 1000.0).round() / 1000.0,
             bytes = self.bytes,
             aborted = self.aborted,

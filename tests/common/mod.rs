@@ -257,11 +257,12 @@ async fn upstream_answer(mut req: Request<Incoming>) -> Result<Response<ClientBo
             resp(200, pattern(n))
         }
         "/die-mid-body" => {
+            let pause = Duration::from_millis(query(&req, "pause_ms").unwrap_or(200));
             let mut r = resp(
                 200,
                 DiesMidBody {
                     sent: false,
-                    pause: Box::pin(tokio::time::sleep(Duration::from_millis(200))),
+                    pause: Box::pin(tokio::time::sleep(pause)),
                 }
                 .boxed(),
             );
@@ -432,6 +433,20 @@ impl Drop for TestProxy {
 /// A minimal config around the given routes/upstreams, admin off.
 pub fn config(rest: &str) -> String {
     format!("listeners:\n  - {{ name: plain, bind: '127.0.0.1:0' }}\nadmin: {{ enabled: false }}\nlog: {{ access_log: false }}\n{rest}")
+}
+
+/// One upstream `api` over `targets` (YAML list items such as `'127.0.0.1:80'`)
+/// with `upstream_extra` settings, a catch-all route to it, and `extra`
+/// top-level YAML (a `server:` section, more routes after `routes:` ...).
+pub fn forward_all(targets: &str, upstream_extra: &str, extra: &str) -> String {
+    config(&format!(
+        "{extra}\nupstreams:\n  api: {{ targets: [{targets}] {upstream_extra} }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
+    ))
+}
+
+/// `forward_all` to one spawned upstream.
+pub fn proxied(up: &Upstream) -> String {
+    forward_all(&format!("'{}'", up.addr), "", "")
 }
 
 // --------------------------------------------------------------- clients
