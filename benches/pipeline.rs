@@ -88,6 +88,8 @@ fn bench_headers(c: &mut Criterion) {
                     None,
                     Forwarded {
                         client: &client,
+                        chain: client.clone(),
+                        trusted: false,
                         proto: "https",
                         host: Some(HeaderValue::from_static("api.example.com")),
                     },

@@ -36,6 +36,8 @@ pub enum ProxyError {
         path: String,
         allow: String,
     },
+    #[error("the credential could not be verified ({0})")]
+    Unauthorized(String),
     #[error("bad request: {0}")]
     BadRequest(&'static str),
     #[error("request headers are {size} bytes; the limit is {limit}")]
@@ -60,6 +62,7 @@ impl ProxyError {
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -100,6 +103,7 @@ mod tests {
                 405,
             ),
             (ProxyError::BadRequest("no host"), 400),
+            (ProxyError::Unauthorized("expired".into()), 401),
             (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
             (ProxyError::BodyTooLarge { limit: 8 }, 413),

@@ -6,16 +6,19 @@
 //! accept (listener)          TCP, max-connections cap, graceful shutdown
 //!   -> TLS (listener::tls)   rustls; SNI picks the certificate; ALPN h2 / http/1.1
 //!   -> HTTP (listener::conn) hyper-util auto: HTTP/1.1 and HTTP/2; header/idle limits
-//!   -> pipeline::client_ip   who the client is
+//!   (listener::proxy_protocol: PROXY v1/v2 from trusted peers, before TLS)
+//!   -> pipeline::client_ip   who the client is: trusted real-IP resolution
 //!   -> pipeline::route       host / path / method match
+//!   -> pipeline::identity    verified JWT claim or API-key hash -> user
+//!      (pipeline::key builds rate-limit keys from the client and identity)
 //!   -> pipeline::upstream    pooled keep-alive forward, round robin, timeouts
 //!   -> pipeline::response    problem bodies, canned answers, access log
 //! ```
 //!
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `admin` serves
-//! `/healthz` and `/readyz`. The limiting stages (bypass, zones, identity,
-//! policy limits) slot into `pipeline` between `route` and `upstream`.
+//! `/healthz` and `/readyz`. The limiting stages (bypass, zones, policy
+//! limits) slot into `pipeline` between `identity` and `upstream`.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(

@@ -21,6 +21,9 @@ pub struct Config {
     /// Sorted by precedence: the first route that matches a request wins.
     pub routes: Vec<RouteConfig>,
     pub log: LogConfig,
+    pub client_ip: ClientIpConfig,
+    /// `None` when no `identity` section is configured.
+    pub identity: Option<IdentityConfig>,
 }
 
 #[derive(Debug)]
@@ -29,6 +32,8 @@ pub struct ListenerConfig {
     pub bind: SocketAddr,
     /// Present when this listener terminates TLS.
     pub tls: Option<ListenerTls>,
+    /// Expect a PROXY protocol v1/v2 header first (from trusted peers only).
+    pub proxy_protocol: bool,
 }
 
 pub struct ListenerTls {
@@ -179,4 +184,91 @@ pub struct LogConfig {
     /// A tracing filter directive such as `info` or `tollgate=debug`.
     pub level: String,
     pub access_log: bool,
+}
+
+/// Who may vouch for a client's address, and how clients are keyed.
+#[derive(Debug, Clone)]
+pub struct ClientIpConfig {
+    /// Peers whose forwarding headers (and PROXY protocol) are believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Headers read from trusted peers, in order of preference.
+    pub headers: Vec<ForwardHeader>,
+    /// Rate-limit keys cover this many leading bits of an IPv4 address...
+    pub ipv4_prefix: u8,
+    /// ...and of an IPv6 address (64: one customer's /64 is one client).
+    pub ipv6_prefix: u8,
+}
+
+impl Default for ClientIpConfig {
+    fn default() -> Self {
+        ClientIpConfig {
+            trusted_proxies: Vec::new(),
+            headers: vec![ForwardHeader::XForwardedFor],
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardHeader {
+    XForwardedFor,
+    XRealIp,
+    CfConnectingIp,
+    TrueClientIp,
+    Forwarded,
+}
+
+/// How requests are tied to a verified user.
+#[derive(Debug)]
+pub struct IdentityConfig {
+    pub jwt: Option<JwtConfig>,
+    /// Header carrying an API key; the key is hashed, never kept.
+    pub api_key: Option<http::HeaderName>,
+    /// What a presented but unverifiable credential means.
+    pub on_invalid: OnInvalid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnInvalid {
+    /// Treated as anonymous (limited by IP).
+    Anonymous,
+    /// Answered with 401.
+    Reject,
+}
+
+pub struct JwtConfig {
+    pub keys: JwtKeys,
+    /// Algorithms, exp/nbf with leeway, issuer and audience.
+    pub validation: jsonwebtoken::Validation,
+    /// The claim holding the user id (default `sub`).
+    pub claim: String,
+    pub source: TokenSource,
+}
+
+impl std::fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("claim", &self.claim)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// Verification keys; the secret itself is never printed.
+pub enum JwtKeys {
+    /// One key for every token (HMAC secret or a PEM public key).
+    Single(jsonwebtoken::DecodingKey),
+    /// Keys by `kid` from a JWKS file; a token without `kid` may use the
+    /// only key when there is exactly one.
+    Set(Vec<(Option<String>, jsonwebtoken::DecodingKey)>),
+}
+
+/// Where the token is read from.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    /// A header carrying the token, with or without a `Bearer ` prefix
+    /// (default `Authorization`).
+    Header(http::HeaderName),
+    Cookie(String),
 }

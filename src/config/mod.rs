@@ -5,6 +5,7 @@
 //! (`routes[2].match.path: must start with "/", got "api"`), so `tollgate
 //! check` is one edit-and-retry loop, not one per mistake.
 
+pub mod client;
 pub mod compiled;
 pub mod raw;
 pub mod units;
@@ -93,6 +94,42 @@ impl Config {
             None => {
                 let _ = writeln!(s, "admin:     disabled");
             }
+        }
+        let trusted: Vec<String> = self
+            .client_ip
+            .trusted_proxies
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let _ = writeln!(
+            s,
+            "client_ip: trusted proxies: {}; keys: IPv4 /{}, IPv6 /{}",
+            if trusted.is_empty() {
+                "none (the TCP peer is the client)".to_owned()
+            } else {
+                trusted.join(", ")
+            },
+            self.client_ip.ipv4_prefix,
+            self.client_ip.ipv6_prefix,
+        );
+        if let Some(id) = &self.identity {
+            let jwt = id.jwt.as_ref().map(|j| {
+                let algs: Vec<String> = j
+                    .validation
+                    .algorithms
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect();
+                format!("jwt {} (claim {})", algs.join("/"), j.claim)
+            });
+            let key = id.api_key.as_ref().map(|h| format!("api key in {h}"));
+            let parts: Vec<String> = jwt.into_iter().chain(key).collect();
+            let _ = writeln!(
+                s,
+                "identity:  {}; invalid credentials: {:?}",
+                parts.join(", "),
+                id.on_invalid
+            );
         }
         let _ = writeln!(s, "upstreams:");
         for u in &self.upstreams {

@@ -50,6 +50,8 @@ pub struct RawConfig {
     pub upstreams: Vec<(String, String, RawUpstream)>,
     pub routes: Vec<(String, RawRoute)>,
     pub log: Option<RawLog>,
+    pub client_ip: Option<RawClientIp>,
+    pub identity: Option<RawIdentity>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,6 +60,7 @@ pub struct RawListener {
     pub name: Option<String>,
     pub bind: Text,
     pub tls: Option<RawListenerTls>,
+    pub proxy_protocol: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -150,8 +153,55 @@ pub struct RawLog {
     pub access_log: Option<bool>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientIp {
+    pub trusted_proxies: Option<Vec<Text>>,
+    pub headers: Option<Vec<String>>,
+    pub ipv4_prefix: Option<Text>,
+    pub ipv6_prefix: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    pub jwt: Option<RawJwt>,
+    pub api_key: Option<RawApiKey>,
+    pub on_invalid: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub algorithms: Vec<String>,
+    pub secret: Option<String>,
+    pub public_key: Option<String>,
+    pub jwks: Option<String>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Option<Text>,
+    pub claim: Option<String>,
+    pub header: Option<String>,
+    pub cookie: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApiKey {
+    pub header: String,
+}
+
 /// The top-level keys this version understands, in the order `check` lists them.
-const SECTIONS: &[&str] = &["listeners", "admin", "server", "upstreams", "routes", "log"];
+const SECTIONS: &[&str] = &[
+    "listeners",
+    "admin",
+    "server",
+    "client_ip",
+    "identity",
+    "upstreams",
+    "routes",
+    "log",
+];
 
 /// Parses YAML text into raw sections, collecting every problem found.
 /// `lookup` resolves `${VAR}` (the environment in production, a map in tests).
@@ -199,6 +249,8 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
             "admin" => raw.admin = one(value, "admin", &mut problems),
             "server" => raw.server = one(value, "server", &mut problems),
             "log" => raw.log = one(value, "log", &mut problems),
+            "client_ip" => raw.client_ip = one(value, "client_ip", &mut problems),
+            "identity" => raw.identity = one(value, "identity", &mut problems),
             "upstreams" => raw.upstreams = named(value, "upstreams", &mut problems),
             other => problems.push(Problem::new(
                 other,

@@ -113,6 +113,22 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     let admin = admin(&mut c, &raw, &listeners);
     let (upstreams, index) = upstreams(&mut c, &raw.upstreams);
     let log = log(&mut c, &raw);
+    let mut found = Vec::new();
+    let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut found);
+    let identity = super::client::identity(raw.identity.as_ref(), &mut found);
+    for (path, message) in found {
+        c.report(path, message);
+    }
+    if client_ip.trusted_proxies.is_empty() {
+        for (path, l) in &raw.listeners {
+            if l.proxy_protocol == Some(true) {
+                c.report(
+                    format!("{path}.proxy_protocol"),
+                    "needs client_ip.trusted_proxies: PROXY headers are accepted from trusted peers only",
+                );
+            }
+        }
+    }
     let routes = routes(&mut c, raw.routes, &index, server.max_body_bytes);
 
     if c.problems.is_empty() {
@@ -123,6 +139,8 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             upstreams,
             routes,
             log,
+            client_ip,
+            identity,
         })
     } else {
         Err(c.problems)
@@ -242,7 +260,12 @@ fn listeners(c: &mut Checker, raw: &RawConfig) -> Vec<ListenerConfig> {
                 }
             }
         });
-        out.push(ListenerConfig { name, bind, tls });
+        out.push(ListenerConfig {
+            name,
+            bind,
+            tls,
+            proxy_protocol: l.proxy_protocol.unwrap_or(false),
+        });
     }
     out
 }

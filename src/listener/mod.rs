@@ -7,6 +7,7 @@
 //! in-flight requests, and waits up to `server.shutdown_grace`.
 
 pub mod conn;
+pub mod proxy_protocol;
 pub mod tls;
 
 use std::future::Future;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
@@ -40,6 +42,7 @@ struct Bound {
     listener: TcpListener,
     /// TLS acceptor and handshake timeout, for HTTPS listeners.
     tls: Option<(TlsAcceptor, Duration)>,
+    proxy_protocol: bool,
 }
 
 /// Per-listener state shared by its connections.
@@ -49,6 +52,10 @@ struct ListenerCtx {
     builder: auto::Builder<TokioExecutor>,
     pipeline: Arc<Pipeline>,
     idle_timeout: Duration,
+    /// Read a PROXY protocol header (from trusted peers only) first.
+    proxy_protocol: bool,
+    /// Time allowed for that header.
+    proxy_header_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +96,7 @@ impl Server {
                 name: Arc::from(l.name.as_str()),
                 listener,
                 tls,
+                proxy_protocol: l.proxy_protocol,
             });
         }
         let admin = match &config.admin {
@@ -144,6 +152,8 @@ impl Server {
                 builder: http_builder(&self.server),
                 pipeline: self.pipeline.clone(),
                 idle_timeout: self.server.idle_timeout,
+                proxy_protocol: b.proxy_protocol,
+                proxy_header_timeout: self.server.header_read_timeout,
             });
             accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
         }
@@ -239,18 +249,50 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
+    if !ctx.proxy_protocol {
+        return serve_stream(tcp, peer, ctx, stop).await;
+    }
+    if !ctx.pipeline.client_ip_config().is_trusted(peer.ip()) {
+        tracing::debug!(%peer, listener = %ctx.name, "refusing a PROXY protocol connection from an untrusted peer");
+        return;
+    }
+    let mut stream = BufReader::with_capacity(536, tcp);
+    let source = tokio::time::timeout(
+        ctx.proxy_header_timeout,
+        proxy_protocol::read_header(&mut stream),
+    )
+    .await;
+    match source {
+        Ok(Ok(source)) => {
+            let client = source.unwrap_or(peer);
+            serve_stream(stream, client, ctx, stop).await
+        }
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "bad PROXY protocol header; closing"),
+        Err(_) => tracing::debug!(%peer, "no PROXY protocol header in time; closing"),
+    }
+}
+
+/// TLS (when configured) and HTTP on a stream whose client is `peer`.
+async fn serve_stream<I>(
+    io: I,
+    peer: SocketAddr,
+    ctx: Arc<ListenerCtx>,
+    stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let info = Arc::new(ConnInfo {
         listener: ctx.name.clone(),
         peer,
-        client: ClientIp::from_peer(peer.ip()),
+        client: ClientIp::new(peer.ip()),
         tls: ctx.tls.is_some(),
         state: Arc::new(ConnState::new()),
     });
     let pipeline = ctx.pipeline.clone();
     match &ctx.tls {
-        None => conn::serve(tcp, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
+        None => conn::serve(io, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
         Some((acceptor, handshake_timeout)) => {
-            match tokio::time::timeout(*handshake_timeout, acceptor.accept(tcp)).await {
+            match tokio::time::timeout(*handshake_timeout, acceptor.accept(io)).await {
                 Ok(Ok(tls)) => {
                     conn::serve(tls, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await
                 }

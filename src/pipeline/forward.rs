@@ -21,13 +21,15 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 /// Client-sent forwarding headers: replaced, never trusted.
-const FORWARDING: [HeaderName; 6] = [
+const FORWARDING: [HeaderName; 8] = [
     header::FORWARDED,
     HeaderName::from_static("x-forwarded-for"),
     HeaderName::from_static("x-forwarded-proto"),
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-port"),
     HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("true-client-ip"),
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -38,7 +40,13 @@ const UPGRADE_TOKEN: HeaderValue = HeaderValue::from_static("upgrade");
 
 /// What tollgate tells the upstream about the original request.
 pub struct Forwarded<'a> {
+    /// The resolved client, for `X-Real-IP`.
     pub client: &'a HeaderValue,
+    /// The full `X-Forwarded-For` to send (see `client_ip::forwarded_for`).
+    pub chain: HeaderValue,
+    /// The peer is a trusted proxy: its `X-Forwarded-Proto`, `-Host`,
+    /// `-Port` and `Forwarded` describe the original request and are kept.
+    pub trusted: bool,
     pub proto: &'static str,
     /// The host the client asked for, if it said.
     pub host: Option<HeaderValue>,
@@ -68,16 +76,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// protocol to carry through (`websocket`), re-added after stripping.
 pub fn request_headers(headers: &mut HeaderMap, upgrade: Option<HeaderValue>, fwd: Forwarded<'_>) {
     strip_hop_by_hop(headers);
-    for name in &FORWARDING {
-        headers.remove(name);
+    if !fwd.trusted {
+        for name in &FORWARDING {
+            headers.remove(name);
+        }
     }
     // tollgate answers `Expect: 100-continue` itself when it reads the body.
     headers.remove(header::EXPECT);
-    headers.insert(X_FORWARDED_FOR, fwd.client.clone());
+    headers.insert(X_FORWARDED_FOR, fwd.chain);
     headers.insert(X_REAL_IP, fwd.client.clone());
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
+    }
     if let Some(host) = fwd.host {
-        headers.insert(X_FORWARDED_HOST, host);
+        if !headers.contains_key(X_FORWARDED_HOST) {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
     }
     if let Some(protocol) = upgrade {
         headers.insert(header::CONNECTION, UPGRADE_TOKEN);
@@ -148,6 +162,8 @@ mod tests {
             None,
             Forwarded {
                 client: &client,
+                chain: client.clone(),
+                trusted: false,
                 proto: "https",
                 host,
             },

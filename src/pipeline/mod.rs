@@ -2,7 +2,7 @@
 //! [`Pipeline::handle`]:
 //!
 //! ```text
-//! client_ip -> route -> upstream (forward) -> response
+//! client_ip -> route -> identity -> upstream (forward) -> response
 //! ```
 //!
 //! (bypass, zones, identity and policy limits slot in between as they are
@@ -12,6 +12,8 @@
 pub mod body;
 pub mod client_ip;
 pub mod forward;
+pub mod identity;
+pub mod key;
 pub mod response;
 pub mod route;
 pub mod upstream;
@@ -27,12 +29,13 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use self::body::{ProxyBody, RequestBody};
-use self::client_ip::ClientIp;
+use self::client_ip::{ClientIp, Resolved};
 use self::forward::Forwarded;
+use self::identity::Identity;
 use self::response::{AccessRecord, RequestEnd};
 use self::route::RouteMatch;
 use self::upstream::{Exchange, Upstream};
-use crate::config::{Config, HostHeader, RouteAction, RouteConfig};
+use crate::config::{ClientIpConfig, Config, HostHeader, IdentityConfig, RouteAction, RouteConfig};
 use crate::error::ProxyError;
 use crate::listener::conn::ConnState;
 
@@ -44,13 +47,18 @@ pub struct Pipeline {
     max_header_bytes: usize,
     max_headers: usize,
     access_log: bool,
+    /// Trusted proxies, forwarding headers and key prefixes.
+    client_ip: ClientIpConfig,
+    /// Verifies JWTs / API keys when configured.
+    identity: Option<IdentityConfig>,
 }
 
 /// What the listener knows about a connection.
 pub struct ConnInfo {
     pub listener: Arc<str>,
     pub peer: SocketAddr,
-    /// The peer as a client, resolved once per connection.
+    /// The peer (the TCP peer, or a trusted PROXY header's source), as a
+    /// client address rendered once per connection.
     pub client: ClientIp,
     /// Whether tollgate terminated TLS on this connection (`X-Forwarded-Proto`).
     pub tls: bool,
@@ -70,7 +78,13 @@ impl Pipeline {
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
             access_log: config.log.access_log,
+            client_ip: config.client_ip.clone(),
+            identity: config.identity.take(),
         }
+    }
+
+    pub fn client_ip_config(&self) -> &ClientIpConfig {
+        &self.client_ip
     }
 
     pub fn upstream(&self, name: &str) -> Option<&Arc<Upstream>> {
@@ -81,7 +95,8 @@ impl Pipeline {
     /// request (access log, in-flight count) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
         let started = Instant::now();
-        let client = client_ip::resolve(&conn.client, req.headers());
+        let resolved = self.client_ip.resolve(&conn.client, req.headers());
+        let client = &resolved.client;
         let record = self.access_log.then(|| {
             Box::new(AccessRecord {
                 listener: conn.listener.clone(),
@@ -89,6 +104,7 @@ impl Pipeline {
                 method: req.method().clone(),
                 path: req.uri().path().to_owned(),
                 route: None,
+                user: None,
                 upstream: None,
                 target: None,
                 // nginx's "client closed request", kept if the client goes
@@ -97,7 +113,7 @@ impl Pipeline {
             })
         });
         let mut end = RequestEnd::new(started, record, conn.state.clone());
-        let mut resp = match self.serve(req, conn, client, &mut end).await {
+        let mut resp = match self.serve(req, conn, &resolved, &mut end).await {
             Ok(resp) => resp,
             Err(err) => {
                 if err.is_client_error() {
@@ -117,7 +133,7 @@ impl Pipeline {
         &self,
         req: Request<Incoming>,
         conn: &ConnInfo,
-        client: &ClientIp,
+        client: &Resolved,
         end: &mut RequestEnd,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         self.check_headers(req.headers())?;
@@ -139,6 +155,15 @@ impl Pipeline {
             }
         };
         end.set_route(&route.name);
+        let identity = match &self.identity {
+            Some(id) => id
+                .identify(req.headers())
+                .map_err(|e| ProxyError::Unauthorized(e.0))?,
+            None => Identity::Anonymous,
+        };
+        if let Identity::User(user) = &identity {
+            end.set_user(user);
+        }
         match &route.action {
             RouteAction::Respond(r) => Ok(response::respond(r, req.method())),
             RouteAction::Forward(i) => {
@@ -174,7 +199,7 @@ impl Pipeline {
         &self,
         mut req: Request<Incoming>,
         conn: &ConnInfo,
-        client: &ClientIp,
+        client: &Resolved,
         upstream: &Upstream,
         max_body: u64,
         end: &mut RequestEnd,
@@ -198,11 +223,14 @@ impl Pipeline {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
         let proto = if conn.tls { "https" } else { "http" };
+        let chain = client_ip::forwarded_for(&parts.headers, &conn.client, client.peer_trusted);
         forward::request_headers(
             &mut parts.headers,
             upgrade,
             Forwarded {
-                client: &client.header,
+                client: &client.client.header,
+                chain,
+                trusted: client.peer_trusted,
                 proto,
                 host: host.clone(),
             },

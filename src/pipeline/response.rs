@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{Method, Response, StatusCode};
 
 use super::body::ProxyBody;
@@ -29,6 +29,12 @@ pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::full(body.to_string()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    if let ProxyError::Unauthorized(_) = err {
+        resp.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer error=\"invalid_token\""),
+        );
+    }
     if let ProxyError::MethodNotAllowed { allow, .. } = err {
         if let Ok(v) = HeaderValue::from_str(allow) {
             resp.headers_mut().insert(ALLOW, v);
@@ -57,6 +63,8 @@ pub struct AccessRecord {
     pub method: Method,
     pub path: String,
     pub route: Option<Arc<str>>,
+    /// The verified user (a JWT claim, or an API key hash), if any.
+    pub user: Option<String>,
     pub upstream: Option<Arc<str>>,
     pub target: Option<Arc<str>>,
     pub status: StatusCode,
@@ -97,6 +105,12 @@ impl RequestEnd {
         }
     }
 
+    pub fn set_user(&mut self, user: &str) {
+        if let Some(r) = self.record.as_mut() {
+            r.user = Some(user.to_owned());
+        }
+    }
+
     pub fn set_upstream(&mut self, name: &Arc<str>) {
         if let Some(r) = self.record.as_mut() {
             r.upstream = Some(name.clone());
@@ -131,6 +145,7 @@ impl Drop for RequestEnd {
             path = %r.path,
             status = r.status.as_u16(),
             route = r.route.as_deref().unwrap_or("-"),
+            user = r.user.as_deref().unwrap_or("-"),
             upstream = r.upstream.as_deref().unwrap_or("-"),
             upstream_target = r.target.as_deref().unwrap_or("-"),
             duration_ms = (ms * 1000.0).round() / 1000.0,

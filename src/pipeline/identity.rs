@@ -1,0 +1,111 @@
+//! Identity: a verified user id for per-user limits, from a JWT or an API key.
+//!
+//! A JWT is verified (signature with the configured algorithms only, so
+//! `alg: none` and algorithm swaps fail; `exp` required; `nbf`, issuer and
+//! audience checked) before its claim is believed. An API key is never kept:
+//! the user is a hash of it. A request with no credential is anonymous; one
+//! whose credential does not verify is anonymous too, or refused with 401
+//! under `on_invalid: reject`.
+
+use http::header::{HeaderMap, COOKIE};
+use jsonwebtoken::{decode, decode_header, DecodingKey};
+use sha2::{Digest, Sha256};
+
+use crate::config::{IdentityConfig, JwtConfig, JwtKeys, OnInvalid, TokenSource};
+
+/// Who the request is, as far as it could be verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    Anonymous,
+    /// A user id: `jwt:<claim value>` or `apikey:<hash>`.
+    User(String),
+}
+
+/// Why a presented credential was not accepted (never includes the secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidCredential(pub String);
+
+impl IdentityConfig {
+    /// Verifies the request's credential. `Err` only with `on_invalid: reject`.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, InvalidCredential> {
+        if let Some(jwt) = &self.jwt {
+            if let Some(token) = token(&jwt.source, headers) {
+                match verify(jwt, token) {
+                    Ok(user) => return Ok(Identity::User(format!("jwt:{user}"))),
+                    Err(reason) => {
+                        tracing::debug!(%reason, "unverifiable token; treating the request as anonymous");
+                        if self.on_invalid == OnInvalid::Reject {
+                            return Err(InvalidCredential(reason));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(name) = &self.api_key {
+            if let Some(key) = headers
+                .get(name)
+                .map(|v| v.as_bytes())
+                .filter(|k| !k.is_empty())
+            {
+                return Ok(Identity::User(format!("apikey:{}", short_hash(key))));
+            }
+        }
+        Ok(Identity::Anonymous)
+    }
+}
+
+/// A short, stable, one-way name for a secret (first 16 bytes of SHA-256,
+/// hex): fine as a bucket key, useless for recovering the secret.
+pub fn short_hash(secret: &[u8]) -> String {
+    let digest = Sha256::digest(secret);
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn token<'a>(source: &TokenSource, headers: &'a HeaderMap) -> Option<&'a str> {
+    match source {
+        TokenSource::Header(name) => {
+            let v = headers.get(name)?.to_str().ok()?.trim();
+            let t = match v.get(..7) {
+                Some(p) if p.eq_ignore_ascii_case("bearer ") => v[7..].trim(),
+                _ => v,
+            };
+            (!t.is_empty()).then_some(t)
+        }
+        TokenSource::Cookie(cookie) => headers
+            .get_all(COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(k, _)| k == cookie)
+            .map(|(_, v)| v.trim()),
+    }
+}
+
+fn verify(jwt: &JwtConfig, token: &str) -> Result<String, String> {
+    let key: &DecodingKey = match &jwt.keys {
+        JwtKeys::Single(k) => k,
+        JwtKeys::Set(keys) => {
+            let header = decode_header(token).map_err(|e| format!("malformed token: {e}"))?;
+            match (&header.kid, keys.as_slice()) {
+                (Some(kid), _) => keys
+                    .iter()
+                    .find(|(id, _)| id.as_deref() == Some(kid.as_str()))
+                    .map(|(_, k)| k)
+                    .ok_or_else(|| format!("no key with kid \"{kid}\""))?,
+                (None, [(_, only)]) => only,
+                (None, _) => return Err("token has no kid and the JWKS holds several keys".into()),
+            }
+        }
+    };
+    let data = decode::<serde_json::Map<String, serde_json::Value>>(token, key, &jwt.validation)
+        .map_err(|e| format!("token rejected: {e}"))?;
+    match data.claims.get(&jwt.claim) {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        _ => Err(format!("token has no usable \"{}\" claim", jwt.claim)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

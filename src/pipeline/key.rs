@@ -1,0 +1,197 @@
+//! Rate-limit keys: which bucket a request is counted in, built from the
+//! resolved client and its verified identity. Limits name a key kind:
+//!
+//! | kind | bucket | when it does not apply |
+//! |---|---|---|
+//! | `ip` | the client address truncated to `ipv4_prefix` / `ipv6_prefix` | never |
+//! | `user` | the verified user id | anonymous requests are not counted |
+//! | `user_or_ip` (default) | the user when verified, else the IP prefix | never |
+//! | `header:<name>` | a hash of the header's value | requests without the header are not counted |
+//! | `global` | one bucket for everyone | never |
+//!
+//! Keys never hold a secret in clear: header values are hashed, API keys
+//! arrive already hashed from `identity`.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+
+use super::identity::{short_hash, Identity};
+use crate::config::ClientIpConfig;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind {
+    Ip,
+    User,
+    UserOrIp,
+    Header(HeaderName),
+    Global,
+}
+
+impl FromStr for KeyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ip" => Ok(KeyKind::Ip),
+            "user" => Ok(KeyKind::User),
+            "user_or_ip" => Ok(KeyKind::UserOrIp),
+            "global" => Ok(KeyKind::Global),
+            _ => match s.strip_prefix("header:") {
+                Some(name) => HeaderName::from_bytes(name.trim().as_bytes())
+                    .map(KeyKind::Header)
+                    .map_err(|_| format!("\"{name}\" is not a valid header name")),
+                None => Err(format!(
+                    "expected ip, user, user_or_ip, header:<name> or global, got \"{s}\""
+                )),
+            },
+        }
+    }
+}
+
+/// The bucket a request falls in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    Ip(IpNet),
+    User(String),
+    /// Header name and the hash of its value.
+    Header(HeaderName, String),
+    Global,
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Ip(net) if net.prefix_len() == net.max_prefix_len() => {
+                write!(f, "ip:{}", net.addr())
+            }
+            Key::Ip(net) => write!(f, "ip:{net}"),
+            Key::User(u) => write!(f, "user:{u}"),
+            Key::Header(name, hash) => write!(f, "header:{name}:{hash}"),
+            Key::Global => f.write_str("global"),
+        }
+    }
+}
+
+/// What a request offers to key on.
+pub struct KeySource<'a> {
+    pub client: IpAddr,
+    pub identity: &'a Identity,
+    pub headers: &'a HeaderMap,
+}
+
+/// The request's key for a limit of this kind; `None` when the limit does
+/// not apply to it (see the table above).
+pub fn build(kind: &KeyKind, src: &KeySource<'_>, cfg: &ClientIpConfig) -> Option<Key> {
+    match kind {
+        KeyKind::Ip => Some(Key::Ip(cfg.key_net(src.client))),
+        KeyKind::User => match src.identity {
+            Identity::User(u) => Some(Key::User(u.clone())),
+            Identity::Anonymous => None,
+        },
+        KeyKind::UserOrIp => match src.identity {
+            Identity::User(u) => Some(Key::User(u.clone())),
+            Identity::Anonymous => Some(Key::Ip(cfg.key_net(src.client))),
+        },
+        KeyKind::Header(name) => {
+            let v = src.headers.get(name)?;
+            Some(Key::Header(name.clone(), short_hash(v.as_bytes())))
+        }
+        KeyKind::Global => Some(Key::Global),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ClientIpConfig {
+        ClientIpConfig::default()
+    }
+
+    fn key(kind: &str, ip: &str, identity: &Identity, headers: &HeaderMap) -> Option<String> {
+        let src = KeySource {
+            client: ip.parse().unwrap(),
+            identity,
+            headers,
+        };
+        build(&kind.parse().unwrap(), &src, &cfg()).map(|k| k.to_string())
+    }
+
+    #[test]
+    fn every_kind_builds_its_key() {
+        let anon = Identity::Anonymous;
+        let user = Identity::User("jwt:alice".into());
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "k-123".parse().unwrap());
+        assert_eq!(
+            key("ip", "203.0.113.7", &user, &h).as_deref(),
+            Some("ip:203.0.113.7")
+        );
+        assert_eq!(
+            key("ip", "2001:db8:1:2:aaaa::1", &anon, &h).as_deref(),
+            Some("ip:2001:db8:1:2::/64")
+        );
+        assert_eq!(
+            key("user", "203.0.113.7", &user, &h).as_deref(),
+            Some("user:jwt:alice")
+        );
+        assert_eq!(key("user", "203.0.113.7", &anon, &h), None);
+        assert_eq!(
+            key("user_or_ip", "203.0.113.7", &user, &h).as_deref(),
+            Some("user:jwt:alice")
+        );
+        assert_eq!(
+            key("user_or_ip", "203.0.113.7", &anon, &h).as_deref(),
+            Some("ip:203.0.113.7")
+        );
+        assert_eq!(
+            key("global", "203.0.113.7", &anon, &h).as_deref(),
+            Some("global")
+        );
+        let hk = key("header:x-api-key", "203.0.113.7", &anon, &h).unwrap();
+        assert!(
+            hk.starts_with("header:x-api-key:") && !hk.contains("k-123"),
+            "{hk}"
+        );
+        assert_eq!(key("header:x-missing", "203.0.113.7", &anon, &h), None);
+    }
+
+    #[test]
+    fn bad_kinds_are_named() {
+        assert!("ipv4"
+            .parse::<KeyKind>()
+            .unwrap_err()
+            .contains("got \"ipv4\""));
+        assert!("header:bad name".parse::<KeyKind>().is_err());
+    }
+
+    #[test]
+    fn ipv6_clients_in_one_slash_64_share_a_key() {
+        let anon = Identity::Anonymous;
+        let h = HeaderMap::new();
+        let first = key("ip", "2001:db8:abcd:12::1", &anon, &h);
+        for i in 0..1000u32 {
+            let ip = format!(
+                "2001:db8:abcd:12:{:x}:{:x}:{:x}:{:x}",
+                i,
+                i * 7,
+                i * 13 + 1,
+                0xffff - i
+            );
+            assert_eq!(key("ip", &ip, &anon, &h), first, "{ip}");
+        }
+        assert_ne!(
+            key("ip", "2001:db8:abcd:13::1", &anon, &h),
+            first,
+            "another /64 is another client"
+        );
+        // IPv4-mapped addresses are keyed as IPv4.
+        assert_eq!(
+            key("ip", "::ffff:203.0.113.5", &anon, &h).as_deref(),
+            Some("ip:203.0.113.5")
+        );
+    }
+}
