@@ -15,6 +15,8 @@
 //!   -> pipeline::response    problem bodies, canned answers, access log
 //! ```
 //!
+//! `limiter` is the rate-limit engine the limiting stages call: six pure
+//! algorithms and the bounded in-memory store behind a `Store` trait.
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `admin` serves
 //! `/healthz` and `/readyz`. The limiting stages (bypass, zones, policy
@@ -29,6 +31,7 @@
 pub mod admin;
 pub mod config;
 pub mod error;
+pub mod limiter;
 pub mod listener;
 pub mod logging;
 pub mod pipeline;

@@ -1,0 +1,381 @@
+//! The embedded store (the default): limit state in process memory.
+//!
+//! - One zone per limit, bounded by a size in bytes like nginx
+//!   `zone=name:10m`. Each zone is split into shards, each behind its own
+//!   mutex, so two cores rarely contend and no lock covers the whole zone.
+//! - A shard is a hash map from a 63-bit key hash (SipHash with a per-process
+//!   random key, so clients cannot aim collisions) to a slot in a slab.
+//! - When a shard is full, a least-recently-used key is evicted (counted in
+//!   `evictions`), chosen by the CLOCK approximation of LRU: each use marks
+//!   the slot; the hand clears marks as it passes and evicts the first
+//!   unmarked key, so a key used since the hand last passed is never
+//!   evicted. This costs one write per decision instead of relinking a
+//!   list through cold memory. Idle keys, whose state would decide like a
+//!   fresh key, are expired as requests arrive: each decision looks at the
+//!   two slots under the hand. Nothing ever scans a whole zone under a lock.
+//! - Keys are hashes: two keys colliding in 63 bits would share a bucket
+//!   (about one pair in 10^7 at a million keys).
+//!
+//! Memory per tracked key, measured by `benches/limiter.rs`: see README.
+
+use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashTable;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::algorithm::{Algorithm, State};
+use super::{Check, Decision, LimiterError, Outcome, Store};
+
+/// How many cold keys each decision inspects for expiry (nginx: 1-2).
+const EXPIRE_PER_DECISION: usize = 2;
+
+/// One zone: where one limit keeps its keys.
+#[derive(Debug, Clone)]
+pub struct ZoneSpec {
+    pub algorithm: Algorithm,
+    /// Upper bound for this zone's memory.
+    pub size_bytes: u64,
+}
+
+pub struct MemoryStore {
+    zones: Box<[Zone]>,
+    /// Keyed per process, so key hashes cannot be predicted from outside.
+    hasher: std::collections::hash_map::RandomState,
+    origin: Instant,
+    /// Wall-clock ms at `origin`: windows align with real time.
+    origin_ms: u64,
+}
+
+struct Zone {
+    algorithm: Algorithm,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+/// Bytes one tracked key costs in a full shard: its slot plus its share of
+/// the hash table (a 4-byte bucket and a control byte, at a load between
+/// 7/16 and 7/8 as deletions come and go).
+pub const ENTRY_BYTES: usize = std::mem::size_of::<Slot>() + 12;
+
+struct Slot {
+    /// The key's hash (63 bits) and the `REFERENCED` mark; `FREE` when empty.
+    tag: u64,
+    state: State,
+}
+
+struct Shard {
+    /// Slot indices, found by the key hash the slot holds: 4 bytes a
+    /// bucket, and key hashes are already uniform (no second hashing).
+    map: HashTable<u32>,
+    slots: Vec<Slot>,
+    /// Reusable slot indices.
+    free: Vec<u32>,
+    /// The clock hand: next slot to consider for eviction and expiry.
+    hand: u32,
+    /// Slots this shard may hold.
+    capacity: usize,
+    /// Heap bytes held by sliding logs, on top of the slots.
+    log_bytes: usize,
+    log_budget: usize,
+    evictions: u64,
+    expirations: u64,
+}
+
+/// Counters for tests and metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneStats {
+    pub keys: usize,
+    pub capacity: usize,
+    pub evictions: u64,
+    pub expirations: u64,
+    pub log_bytes: usize,
+}
+
+impl MemoryStore {
+    pub fn new(zones: &[ZoneSpec]) -> Self {
+        let origin_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        MemoryStore {
+            zones: zones.iter().map(Zone::new).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            origin: Instant::now(),
+            origin_ms,
+        }
+    }
+
+    /// Milliseconds on a monotonic clock that starts at the wall time.
+    pub fn now_ms(&self) -> u64 {
+        self.origin_ms + self.origin.elapsed().as_millis() as u64
+    }
+
+    fn hash(&self, zone: usize, key: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_usize(zone);
+        h.write(key.as_bytes());
+        // 63 bits: the top bit of a slot's tag marks recent use.
+        match h.finish() & !REFERENCED {
+            FREE => 0,
+            k => k,
+        }
+    }
+
+    pub fn stats(&self, zone: usize) -> ZoneStats {
+        let mut s = ZoneStats::default();
+        for shard in self.zones[zone].shards.iter() {
+            let g = lock(shard);
+            s.keys += g.map.len();
+            s.capacity += g.capacity;
+            s.evictions += g.evictions;
+            s.expirations += g.expirations;
+            s.log_bytes += g.log_bytes;
+        }
+        s
+    }
+
+    /// Decides `checks` at `now` (ms); see [`Store::decide`].
+    pub fn decide_at(&self, checks: &[Check<'_>], now: u64) -> Outcome {
+        if let [check] = checks {
+            return self.decide_one(check, now);
+        }
+        let targets: Vec<(usize, usize, u64)> = checks
+            .iter()
+            .map(|c| {
+                let hash = self.hash(c.limit.zone, c.key);
+                (c.limit.zone, self.zones[c.limit.zone].shard_of(hash), hash)
+            })
+            .collect();
+        let mut order: Vec<(usize, usize)> = targets.iter().map(|&(z, s, _)| (z, s)).collect();
+        order.sort_unstable();
+        order.dedup();
+        // Always locked in (zone, shard) order: no deadlock between requests.
+        let mut guards: Vec<MutexGuard<'_, Shard>> = order
+            .iter()
+            .map(|&(z, s)| lock(&self.zones[z].shards[s]))
+            .collect();
+        let mut slots = Vec::with_capacity(checks.len());
+        let mut decisions = Vec::with_capacity(checks.len());
+        for (check, &(z, s, hash)) in checks.iter().zip(&targets) {
+            let g = pos(&order, z, s);
+            let shard = &mut guards[g];
+            let idx = shard.entry(hash);
+            decisions.push(shard.check(&check.limit.algorithm, idx, now, check.cost));
+            slots.push((g, idx));
+        }
+        let all_admitted = decisions.iter().all(Decision::admitted);
+        for (check, &(g, idx)) in checks.iter().zip(&slots) {
+            let shard = &mut guards[g];
+            if all_admitted {
+                shard.charge(&check.limit.algorithm, idx, now, check.cost);
+            }
+        }
+        for (&(z, _), guard) in order.iter().zip(guards.iter_mut()) {
+            guard.expire(&self.zones[z].algorithm, now);
+        }
+        Outcome { decisions }
+    }
+
+    fn decide_one(&self, check: &Check<'_>, now: u64) -> Outcome {
+        let zone = &self.zones[check.limit.zone];
+        let hash = self.hash(check.limit.zone, check.key);
+        let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
+        let idx = shard.entry(hash);
+        let decision = shard.check(&check.limit.algorithm, idx, now, check.cost);
+        if decision.admitted() {
+            shard.charge(&check.limit.algorithm, idx, now, check.cost);
+        }
+        shard.expire(&zone.algorithm, now);
+        Outcome {
+            decisions: vec![decision],
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+    ) -> impl std::future::Future<Output = Result<Outcome, LimiterError>> + Send + 'a {
+        std::future::ready(Ok(self.decide_at(checks, self.now_ms())))
+    }
+}
+
+fn pos(order: &[(usize, usize)], z: usize, s: usize) -> usize {
+    order.binary_search(&(z, s)).unwrap_or(0)
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic under this lock leaves at worst one key's state stale.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Zone {
+    fn new(spec: &ZoneSpec) -> Self {
+        let total = (spec.size_bytes as usize / ENTRY_BYTES).max(16);
+        // A hash table holds 7/8 of a power of two without growing: size the
+        // shards to that, and use 8 to 16 of them so the whole budget is
+        // used within a factor 8/7 and two cores rarely meet. Small zones
+        // keep one shard.
+        let (shards, per) = if total < 8 * 56 {
+            (1, total)
+        } else {
+            let mut per = 56; // 64 buckets x 7/8
+            while per * 2 * 8 <= total {
+                per *= 2;
+            }
+            ((total / per).min(16), per)
+        };
+        // Sliding logs may spend up to the zone size again on their entries.
+        let log_budget = spec.size_bytes as usize / shards;
+        Zone {
+            algorithm: spec.algorithm.clone(),
+            shards: (0..shards)
+                .map(|_| Mutex::new(Shard::new(per, log_budget)))
+                .collect(),
+        }
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
+        // Middle bits: the map uses the low bits for buckets and the top 7
+        // as tags, so neither loses entropy within a shard.
+        ((hash >> 32) as usize) % self.shards.len()
+    }
+}
+
+/// Bit 63 of `Slot::tag`: used since the clock hand last passed.
+const REFERENCED: u64 = 1 << 63;
+/// `Slot::tag` of a free slot (key hashes never have all 63 bits set).
+const FREE: u64 = REFERENCED - 1;
+
+impl Shard {
+    fn new(capacity: usize, log_budget: usize) -> Self {
+        Shard {
+            map: HashTable::with_capacity(capacity),
+            slots: Vec::with_capacity(capacity),
+            free: Vec::new(),
+            hand: 0,
+            capacity,
+            log_bytes: 0,
+            log_budget,
+            evictions: 0,
+            expirations: 0,
+        }
+    }
+
+    /// The slot for `key` (63 bits), marked as recently used; created if
+    /// new, evicting a key the clock hand finds unused since its last pass.
+    fn entry(&mut self, key: u64) -> u32 {
+        let slots = &self.slots;
+        if let Some(&idx) = self
+            .map
+            .find(key, |&i| slots[i as usize].tag & !REFERENCED == key)
+        {
+            self.slots[idx as usize].tag |= REFERENCED;
+            return idx;
+        }
+        let idx = if let Some(i) = self.free.pop() {
+            i
+        } else if self.slots.len() < self.capacity {
+            self.slots.push(Slot {
+                tag: FREE,
+                state: State::Empty,
+            });
+            (self.slots.len() - 1) as u32
+        } else {
+            let victim = self.sweep(u32::MAX);
+            self.remove(victim);
+            self.evictions += 1;
+            self.free.pop().unwrap_or(victim)
+        };
+        // New keys start unmarked: one that is never seen again is the first
+        // to go, and a flood of new keys cannot push out a busy one.
+        self.slots[idx as usize] = Slot {
+            tag: key,
+            state: State::Empty,
+        };
+        let slots = &self.slots;
+        self.map
+            .insert_unique(key, idx, |&i| slots[i as usize].tag & !REFERENCED);
+        idx
+    }
+
+    /// Advances the clock hand to an occupied slot not used since the hand
+    /// last passed (clearing use marks on the way), skipping `keep`.
+    fn sweep(&mut self, keep: u32) -> u32 {
+        let n = self.slots.len() as u32;
+        loop {
+            let i = self.hand % n;
+            self.hand = (i + 1) % n;
+            let tag = self.slots[i as usize].tag;
+            if tag == FREE || i == keep {
+                continue;
+            }
+            if tag & REFERENCED != 0 {
+                self.slots[i as usize].tag &= !REFERENCED;
+                continue;
+            }
+            return i;
+        }
+    }
+
+    /// Runs `f` on a slot's state, keeping the log byte count exact.
+    fn with_state<R>(&mut self, idx: u32, f: impl FnOnce(&mut State) -> R) -> R {
+        let state = &mut self.slots[idx as usize].state;
+        let before = log_heap(state);
+        let r = f(state);
+        let after = log_heap(state);
+        self.log_bytes = (self.log_bytes + after).saturating_sub(before);
+        r
+    }
+
+    fn check(&mut self, algorithm: &Algorithm, idx: u32, now: u64, cost: u64) -> Decision {
+        self.with_state(idx, |s| algorithm.check(s, now, cost))
+    }
+
+    fn charge(&mut self, algorithm: &Algorithm, idx: u32, now: u64, cost: u64) {
+        self.with_state(idx, |s| algorithm.charge(s, now, cost));
+        // Logs over budget: forget cold keys (never the one just used).
+        while self.log_bytes > self.log_budget && self.map.len() > 1 {
+            let victim = self.sweep(idx);
+            self.remove(victim);
+            self.evictions += 1;
+        }
+    }
+
+    /// Looks at the next two slots under the clock hand and forgets those
+    /// whose state decides like a fresh key.
+    fn expire(&mut self, algorithm: &Algorithm, now: u64) {
+        let n = self.slots.len() as u32;
+        for _ in 0..EXPIRE_PER_DECISION.min(n as usize) {
+            let i = self.hand % n;
+            self.hand = (i + 1) % n;
+            let slot = &self.slots[i as usize];
+            if slot.tag != FREE && algorithm.is_idle(&slot.state, now) {
+                self.remove(i);
+                self.expirations += 1;
+            }
+        }
+    }
+
+    fn remove(&mut self, idx: u32) {
+        let slot = &mut self.slots[idx as usize];
+        self.log_bytes = self.log_bytes.saturating_sub(log_heap(&slot.state));
+        let key = slot.tag & !REFERENCED;
+        slot.state = State::Empty;
+        slot.tag = FREE;
+        if let Ok(entry) = self.map.find_entry(key, |&i| i == idx) {
+            entry.remove();
+        }
+        self.free.push(idx);
+    }
+}
+
+fn log_heap(state: &State) -> usize {
+    match state {
+        State::Log(log) => log.heap_bytes() + std::mem::size_of::<super::algorithm::Log>(),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

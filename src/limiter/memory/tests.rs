@@ -1,0 +1,397 @@
+//! The memory store: all-or-nothing across limits, bounded size with LRU
+//! eviction, incremental expiry, and no over-admission under two threads.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::limiter::{Limit, Verdict};
+
+fn limit(name: &str, algorithm: Algorithm, zone: usize) -> Limit {
+    Limit {
+        name: Arc::from(name),
+        algorithm,
+        zone,
+    }
+}
+
+fn store(limits: &[&Limit], size_bytes: u64) -> MemoryStore {
+    let zones: Vec<ZoneSpec> = limits
+        .iter()
+        .map(|l| ZoneSpec {
+            algorithm: l.algorithm.clone(),
+            size_bytes,
+        })
+        .collect();
+    MemoryStore::new(&zones)
+}
+
+fn check<'a>(limit: &'a Limit, key: &'a str) -> Check<'a> {
+    Check {
+        limit,
+        key,
+        cost: 1,
+    }
+}
+
+#[test]
+fn a_rejection_by_one_limit_charges_no_other() {
+    let short = limit(
+        "short",
+        Algorithm::FixedWindow {
+            limit: 2,
+            window_ms: 1000,
+        },
+        0,
+    );
+    let long = limit(
+        "long",
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 60_000,
+        },
+        1,
+    );
+    let s = store(&[&short, &long], 1 << 20);
+    let both = [check(&short, "u"), check(&long, "u")];
+    assert_eq!(s.decide_at(&both, 0).verdict(), Verdict::Allow);
+    assert_eq!(s.decide_at(&both, 0).verdict(), Verdict::Allow);
+    // Ten more in the same second: `short` rejects each, `long` must not pay.
+    for _ in 0..10 {
+        let o = s.decide_at(&both, 10);
+        assert_eq!(o.verdict(), Verdict::Reject);
+        assert_eq!(
+            o.decisions[1].remaining, 2,
+            "long still has 3 left; this one would take it to 2"
+        );
+    }
+    // Next second: `long` still has its 3.
+    for left in [2, 1] {
+        let o = s.decide_at(&both, 1000);
+        assert_eq!(o.verdict(), Verdict::Allow);
+        assert_eq!(o.decisions[1].remaining, left);
+    }
+    // One left in `long`; this last check takes it.
+    assert_eq!(o_remaining(&s, &long, 1000), 0);
+}
+
+fn o_remaining(s: &MemoryStore, l: &Limit, now: u64) -> u64 {
+    s.decide_at(&[check(l, "u")], now).decisions[0].remaining
+}
+
+#[test]
+fn most_restrictive_is_reported() {
+    let a = limit(
+        "a",
+        Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 1000,
+        },
+        0,
+    );
+    let b = limit(
+        "b",
+        Algorithm::FixedWindow {
+            limit: 3,
+            window_ms: 60_000,
+        },
+        1,
+    );
+    let s = store(&[&a, &b], 1 << 20);
+    let o = s.decide_at(&[check(&a, "k"), check(&b, "k")], 0);
+    assert_eq!(o.most_restrictive(), Some(1));
+    for _ in 0..2 {
+        let _ = s.decide_at(&[check(&a, "k"), check(&b, "k")], 0);
+    }
+    let o = s.decide_at(&[check(&a, "k"), check(&b, "k")], 0);
+    assert_eq!(o.verdict(), Verdict::Reject);
+    assert_eq!(o.most_restrictive(), Some(1));
+    assert_eq!(o.decisions[1].retry_after_ms, 60_000);
+}
+
+#[test]
+fn far_more_keys_than_fit_stay_within_the_zone() {
+    let l = limit(
+        "z",
+        Algorithm::TokenBucket {
+            amount: 1,
+            period_ms: 1000,
+            burst: 5,
+        },
+        0,
+    );
+    let size = 64 * 1024;
+    let s = store(&[&l], size);
+    let cap = s.stats(0).capacity;
+    assert!(
+        cap >= 500 && cap * ENTRY_BYTES <= size as usize,
+        "capacity {cap}"
+    );
+    for i in 0..100_000 {
+        let key = format!("ip:10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+        let _ = s.decide_at(&[check(&l, &key)], 1);
+    }
+    let st = s.stats(0);
+    assert!(st.keys <= cap, "{st:?}");
+    assert!(st.evictions >= 100_000 - cap as u64, "{st:?}");
+}
+
+#[test]
+fn the_least_recently_used_key_is_evicted_first() {
+    let l = limit(
+        "z",
+        Algorithm::FixedWindow {
+            limit: 1,
+            window_ms: 3_600_000,
+        },
+        0,
+    );
+    let s = store(&[&l], (16 * ENTRY_BYTES) as u64); // one shard, 16 slots
+    assert_eq!(s.stats(0).capacity, 16);
+    assert_eq!(
+        s.decide_at(&[check(&l, "hot")], 0).verdict(),
+        Verdict::Allow
+    );
+    for i in 0..100 {
+        // `hot` stays recently used (and over its limit) while others churn.
+        assert_eq!(
+            s.decide_at(&[check(&l, "hot")], 1).verdict(),
+            Verdict::Reject,
+            "round {i}"
+        );
+        let key = format!("cold{i}");
+        let _ = s.decide_at(&[check(&l, &key)], 1);
+    }
+    assert_eq!(
+        s.decide_at(&[check(&l, "hot")], 2).verdict(),
+        Verdict::Reject,
+        "hot was never evicted"
+    );
+    assert_eq!(
+        s.decide_at(&[check(&l, "cold0")], 2).verdict(),
+        Verdict::Allow,
+        "cold0 was"
+    );
+}
+
+#[test]
+fn idle_keys_expire_as_requests_arrive() {
+    let l = limit(
+        "z",
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 1000,
+        },
+        0,
+    );
+    let s = store(&[&l], 1 << 20);
+    for i in 0..50 {
+        let key = format!("k{i}");
+        let _ = s.decide_at(&[check(&l, &key)], 0);
+    }
+    assert_eq!(s.stats(0).keys, 50);
+    // After the window, every decision forgets up to two cold keys per shard.
+    for _ in 0..200 {
+        let _ = s.decide_at(&[check(&l, "active")], 5000);
+    }
+    let st = s.stats(0);
+    assert!(st.expirations > 0, "{st:?}");
+    assert!(st.keys < 50, "{st:?}");
+}
+
+#[test]
+fn sliding_logs_count_against_the_zone() {
+    let l = limit(
+        "log",
+        Algorithm::SlidingLog {
+            limit: 1000,
+            window_ms: 60_000,
+        },
+        0,
+    );
+    let s = store(&[&l], 64 * 1024);
+    for i in 0..200 {
+        let key = format!("k{}", i % 50);
+        for t in 0..20 {
+            let _ = s.decide_at(&[check(&l, &key)], i * 20 + t);
+        }
+    }
+    let st = s.stats(0);
+    assert!(st.log_bytes <= 64 * 1024 + 64 * 1024 / 16, "{st:?}");
+}
+
+#[test]
+fn two_threads_on_one_key_never_over_admit() {
+    let l = Arc::new(limit(
+        "c",
+        Algorithm::FixedWindow {
+            limit: 1000,
+            window_ms: 3_600_000,
+        },
+        0,
+    ));
+    let s = Arc::new(store(&[&l], 1 << 20));
+    let admitted: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (s, l) = (s.clone(), l.clone());
+                scope.spawn(move || {
+                    (0..5000)
+                        .filter(|_| {
+                            s.decide_at(&[check(&l, "one")], 10).verdict() == Verdict::Allow
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 1000);
+
+    // The same with two limits at once, all-or-nothing under contention.
+    let a = Arc::new(limit(
+        "a",
+        Algorithm::Gcra {
+            amount: 1,
+            period_ms: 3_600_000,
+            burst: 300,
+        },
+        0,
+    ));
+    let b = Arc::new(limit(
+        "b",
+        Algorithm::SlidingLog {
+            limit: 500,
+            window_ms: 3_600_000,
+        },
+        1,
+    ));
+    let s = Arc::new(store(&[&a, &b], 1 << 20));
+    let admitted: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (s, a, b) = (s.clone(), a.clone(), b.clone());
+                scope.spawn(move || {
+                    (0..2000)
+                        .filter(|_| {
+                            s.decide_at(&[check(&a, "one"), check(&b, "one")], 10)
+                                .verdict()
+                                == Verdict::Allow
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 300);
+    assert_eq!(
+        s.decide_at(&[check(&b, "one")], 10).decisions[0].remaining,
+        199,
+        "b was charged only 300 times"
+    );
+}
+
+fn increasing_times(max_gap: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec((0..max_gap, 1u64..4), 1..300).prop_map(|v| {
+        let mut t = 0;
+        v.into_iter()
+            .map(|(gap, cost)| {
+                t += gap;
+                (t, cost)
+            })
+            .collect()
+    })
+}
+
+fn admitted(alg: &Algorithm, trace: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut s = State::Empty;
+    trace
+        .iter()
+        .copied()
+        .filter(|&(t, c)| {
+            let d = alg.check(&mut s, t, c);
+            if d.admitted() {
+                alg.charge(&mut s, t, c);
+            }
+            d.admitted()
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn sliding_log_never_admits_more_than_the_limit_in_any_window(
+        limit in 1u64..20, window in 1u64..500, trace in increasing_times(50)
+    ) {
+        let alg = Algorithm::SlidingLog { limit, window_ms: window };
+        let ok = admitted(&alg, &trace);
+        for &(end, _) in &ok {
+            let in_window: u64 = ok.iter().filter(|&&(t, _)| t + window > end && t <= end).map(|&(_, c)| c).sum();
+            prop_assert!(in_window <= limit, "{in_window} > {limit} in the window ending at {end}");
+        }
+    }
+
+    #[test]
+    fn buckets_never_admit_more_than_burst_plus_rate_times_elapsed(
+        amount in 1u64..10, period in 1u64..2000, burst in 1u64..20, trace in increasing_times(300)
+    ) {
+        for alg in [
+            Algorithm::TokenBucket { amount, period_ms: period, burst },
+            Algorithm::Gcra { amount, period_ms: period, burst },
+        ] {
+            let ok = admitted(&alg, &trace);
+            for (i, &(start, _)) in ok.iter().enumerate() {
+                let mut sum = 0u64;
+                for &(t, c) in &ok[i..] {
+                    sum += c;
+                    let bound = burst as u128 + (t - start) as u128 * amount as u128 / period as u128;
+                    prop_assert!(sum as u128 <= bound, "{alg:?}: {sum} admitted in [{start}, {t}] > {bound}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn token_bucket_and_gcra_decide_alike(
+        amount in 1u64..10, period in 1u64..2000, burst in 1u64..20, trace in increasing_times(300)
+    ) {
+        let tb = Algorithm::TokenBucket { amount, period_ms: period, burst };
+        let gcra = Algorithm::Gcra { amount, period_ms: period, burst };
+        let (mut a, mut b) = (State::Empty, State::Empty);
+        for &(t, c) in &trace {
+            let (da, db) = (tb.check(&mut a, t, c), gcra.check(&mut b, t, c));
+            prop_assert_eq!(da.verdict, db.verdict, "at {}", t);
+            prop_assert_eq!(da.remaining, db.remaining, "at {}", t);
+            prop_assert_eq!(da.retry_after_ms, db.retry_after_ms, "at {}", t);
+            if da.admitted() {
+                tb.charge(&mut a, t, c);
+                gcra.charge(&mut b, t, c);
+            }
+        }
+    }
+
+    /// The store's all-or-nothing decisions equal a reference that keeps
+    /// each limit's state apart and charges only when both allow.
+    #[test]
+    fn all_or_nothing_never_charges_a_rejected_request(
+        l1 in 1u64..10, w1 in 1u64..300, amount in 1u64..5, burst in 1u64..10, trace in increasing_times(60)
+    ) {
+        let a = limit("a", Algorithm::SlidingWindow { limit: l1, window_ms: w1 }, 0);
+        let b = limit("b", Algorithm::TokenBucket { amount, period_ms: 200, burst }, 1);
+        let s = store(&[&a, &b], 1 << 16);
+        let (mut ra, mut rb) = (State::Empty, State::Empty);
+        for &(t, c) in &trace {
+            let o = s.decide_at(&[Check { limit: &a, key: "k", cost: c }, Check { limit: &b, key: "k", cost: c }], t);
+            let da = a.algorithm.check(&mut ra, t, c);
+            let db = b.algorithm.check(&mut rb, t, c);
+            prop_assert_eq!(o.decisions[0], da);
+            prop_assert_eq!(o.decisions[1], db);
+            if da.admitted() && db.admitted() {
+                a.algorithm.charge(&mut ra, t, c);
+                b.algorithm.charge(&mut rb, t, c);
+            }
+        }
+    }
+}
