@@ -173,3 +173,33 @@ impl Config {
 }
 
 use http::Method;
+
+/// Test helpers shared by the config modules' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// Every problem `yaml` has, as printed by `tollgate check`.
+    pub fn problems(yaml: &str) -> Vec<String> {
+        match crate::Config::from_yaml(yaml, &|_| None) {
+            Ok(_) => Vec::new(),
+            Err(crate::ConfigError::Invalid(p)) => p.iter().map(ToString::to_string).collect(),
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    /// Asserts `found` is exactly the `expected` problems (by prefix).
+    pub fn assert_exactly(found: &[String], expected: &[&str]) {
+        for e in expected {
+            assert!(
+                found.iter().any(|f| f.starts_with(e)),
+                "missing {e:?} in:\n{}",
+                found.join("\n")
+            );
+        }
+        assert_eq!(
+            found.len(),
+            expected.len(),
+            "unexpected extra problems:\n{}",
+            found.join("\n")
+        );
+    }
+}

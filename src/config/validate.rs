@@ -711,13 +711,7 @@ mod tests {
         assert!(parse_host("a.*.com").is_err());
     }
 
-    fn problems(yaml: &str) -> Vec<String> {
-        match crate::Config::from_yaml(yaml, &|_| None) {
-            Ok(_) => Vec::new(),
-            Err(crate::ConfigError::Invalid(p)) => p.iter().map(|p| p.to_string()).collect(),
-            Err(e) => vec![e.to_string()],
-        }
-    }
+    use crate::config::testing::problems;
 
     #[test]
     fn every_semantic_problem_is_reported_with_its_path() {
@@ -764,19 +758,7 @@ log: { format: xml, level: 'tollgate=loud' }
             "log.format: expected \"pretty\" or \"json\", got \"xml\"",
             "log.level: expected a level",
         ];
-        for e in expect {
-            assert!(
-                found.iter().any(|f| f.starts_with(e)),
-                "missing {e:?} in:\n{}",
-                found.join("\n")
-            );
-        }
-        assert_eq!(
-            found.len(),
-            expect.len(),
-            "unexpected extra problems:\n{}",
-            found.join("\n")
-        );
+        crate::config::testing::assert_exactly(&found, &expect);
     }
 
     #[test]
