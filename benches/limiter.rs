@@ -133,6 +133,7 @@ fn bytes_per_key() {
                     limit: &limit,
                     key,
                     cost: 1,
+                    peek: false,
                 }],
                 now,
             );
@@ -170,6 +171,7 @@ fn bench(c: &mut Criterion) {
                         limit: &limit,
                         key: "ip:10.0.0.1",
                         cost: 1,
+                        peek: false,
                     }]),
                     now,
                 )
@@ -185,6 +187,7 @@ fn bench(c: &mut Criterion) {
                     limit: &limit,
                     key,
                     cost: 1,
+                    peek: false,
                 }],
                 now,
             );
@@ -199,6 +202,7 @@ fn bench(c: &mut Criterion) {
                         limit: &limit,
                         key,
                         cost: 1,
+                        peek: false,
                     }]),
                     now,
                 )
@@ -227,6 +231,7 @@ fn bench(c: &mut Criterion) {
                                             limit,
                                             key,
                                             cost: 1,
+                                            peek: false,
                                         }],
                                         now,
                                     );

@@ -36,6 +36,21 @@ pub enum ProxyError {
         path: String,
         allow: String,
     },
+    #[error("{detail}")]
+    RateLimited {
+        limit: String,
+        /// "rate limit 'login' exceeded: 5 requests per 1m; retry in 42s"
+        detail: String,
+        retry_after: u64,
+        /// 429, or a zone's 503.
+        status: StatusCode,
+        /// Rate-limit headers for the response (route limits).
+        headers: Box<http::HeaderMap>,
+    },
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("the webhook signature is missing or wrong ({0})")]
+    BadSignature(&'static str),
     #[error("the credential could not be verified ({0})")]
     Unauthorized(String),
     #[error("bad request: {0}")]
@@ -63,6 +78,9 @@ impl ProxyError {
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::BadSignature(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ProxyError::RateLimited { status, .. } => *status,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -104,6 +122,18 @@ mod tests {
             ),
             (ProxyError::BadRequest("no host"), 400),
             (ProxyError::Unauthorized("expired".into()), 401),
+            (ProxyError::BadSignature("tampered"), 401),
+            (ProxyError::Forbidden("not an allowed source"), 403),
+            (
+                ProxyError::RateLimited {
+                    limit: "login".into(),
+                    detail: "rate limit".into(),
+                    retry_after: 3,
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    headers: Box::default(),
+                },
+                429,
+            ),
             (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
             (ProxyError::BodyTooLarge { limit: 8 }, 413),

@@ -24,6 +24,10 @@ pub struct Config {
     pub client_ip: ClientIpConfig,
     /// `None` when no `identity` section is configured.
     pub identity: Option<IdentityConfig>,
+    pub zones: Vec<ZoneConfig>,
+    pub bypass: BypassConfig,
+    /// One memory partition per zone, then one per route limit.
+    pub store_zones: Vec<crate::limiter::memory::ZoneSpec>,
 }
 
 #[derive(Debug)]
@@ -140,6 +144,16 @@ pub struct RouteConfig {
     pub methods: Option<Vec<Method>>,
     pub action: RouteAction,
     pub max_body_bytes: u64,
+    /// Compare paths ignoring ASCII case.
+    pub case_insensitive: bool,
+    /// Indices into `Config::zones` this route is subject to.
+    pub zones: Vec<usize>,
+    /// Empty when the route has no limits or `skip: true`.
+    pub limits: Vec<RouteLimit>,
+    pub headers: HeaderStyle,
+    /// Usage fraction past which `X-RateLimit-Warning` is sent.
+    pub warn_at: f64,
+    pub webhook: Option<WebhookConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,4 +285,92 @@ pub enum TokenSource {
     /// (default `Authorization`).
     Header(http::HeaderName),
     Cookie(String),
+}
+
+/// Tier 1: a coarse per-key zone with nginx `limit_req` / `limit_conn`
+/// semantics, applied before route limits.
+#[derive(Debug, Clone)]
+pub struct ZoneConfig {
+    /// The engine's view: name, leaky-bucket algorithm, store partition.
+    pub limit: crate::limiter::Limit,
+    pub key: crate::pipeline::key::KeyKind,
+    /// 429 by default; 503 to mimic nginx.
+    pub status: StatusCode,
+    pub dry_run: bool,
+    /// Concurrent requests per key (`limit_conn`).
+    pub max_conn: Option<u32>,
+    /// As written (`10r/s`), for messages.
+    pub rate_text: String,
+}
+
+/// Tier 2: one named limit on a route.
+#[derive(Debug, Clone)]
+pub struct RouteLimit {
+    pub limit: crate::limiter::Limit,
+    pub key: crate::pipeline::key::KeyKind,
+    pub cost: u64,
+    pub dry_run: bool,
+    /// Charge only responses with these statuses (checked before, charged after).
+    pub count_status: Option<Vec<u16>>,
+    /// "5 requests per 60s", for the 429 detail.
+    pub description: String,
+}
+
+/// Which rate-limit headers a route's responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderStyle {
+    pub legacy: bool,
+    pub ietf: bool,
+    /// `X-RateLimit-Reset` as a Unix time instead of seconds from now.
+    pub reset_epoch: bool,
+}
+
+/// Webhook sources and signatures for one route.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// Clients in these ranges skip the limits on this route.
+    pub allow_sources: Vec<ipnet::IpNet>,
+    /// Everyone else gets 403.
+    pub only_allowed: bool,
+    pub verify: Option<VerifyConfig>,
+}
+
+#[derive(Clone)]
+pub struct VerifyConfig {
+    pub scheme: VerifyScheme,
+    pub secret: Vec<u8>,
+    /// The signature header (defaults per scheme).
+    pub header: http::HeaderName,
+    /// Stripe: how old a signed timestamp may be.
+    pub tolerance: Duration,
+}
+
+impl std::fmt::Debug for VerifyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifyConfig")
+            .field("scheme", &self.scheme)
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyScheme {
+    /// `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>`.
+    Github,
+    /// `Stripe-Signature: t=<unix>,v1=<hex HMAC-SHA256 of "t.body">`.
+    Stripe,
+    /// A header holding the hex HMAC-SHA256 of the body.
+    HmacSha256,
+}
+
+/// Requests that skip every limit (they are still proxied and logged).
+#[derive(Debug, Clone, Default)]
+pub struct BypassConfig {
+    /// Exact, normalised paths such as `/health`.
+    pub paths: Vec<String>,
+    /// SHA-256 of each accepted token: the tokens themselves are not kept.
+    pub token_hashes: Vec<[u8; 32]>,
+    pub header: Option<http::HeaderName>,
+    pub sources: Vec<ipnet::IpNet>,
 }

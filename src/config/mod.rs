@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod compiled;
+pub mod limits;
 pub mod raw;
 pub mod units;
 pub mod validate;

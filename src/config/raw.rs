@@ -52,6 +52,8 @@ pub struct RawConfig {
     pub log: Option<RawLog>,
     pub client_ip: Option<RawClientIp>,
     pub identity: Option<RawIdentity>,
+    pub zones: Vec<(String, RawZone)>,
+    pub bypass: Option<RawBypass>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -126,6 +128,72 @@ pub struct RawRoute {
     pub upstream: Option<String>,
     pub respond: Option<RawRespond>,
     pub max_body_size: Option<Text>,
+    /// Zones this route is subject to; absent = all, `[]` = none.
+    pub zones: Option<Vec<String>>,
+    pub limits: Option<Vec<RawLimit>>,
+    /// Skip every route limit (NestJS `@SkipThrottle`).
+    pub skip: Option<bool>,
+    pub headers: Option<String>,
+    pub reset: Option<String>,
+    pub warn_at: Option<Text>,
+    pub allow_sources: Option<Vec<Text>>,
+    pub only_allowed_sources: Option<bool>,
+    pub verify: Option<RawVerify>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub name: String,
+    pub algorithm: String,
+    pub key: Option<String>,
+    pub limit: Option<Text>,
+    pub window: Option<Text>,
+    pub rate: Option<Text>,
+    pub burst: Option<Text>,
+    pub cost: Option<Text>,
+    pub dry_run: Option<bool>,
+    pub count: Option<RawCount>,
+    pub size: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCount {
+    pub status: Vec<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVerify {
+    pub scheme: String,
+    pub secret: String,
+    pub header: Option<String>,
+    pub tolerance: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawZone {
+    pub name: String,
+    pub rate: Text,
+    pub burst: Option<Text>,
+    pub nodelay: Option<bool>,
+    pub delay: Option<Text>,
+    pub status: Option<Text>,
+    pub key: Option<String>,
+    pub size: Option<Text>,
+    pub dry_run: Option<bool>,
+    pub max_conn: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBypass {
+    pub paths: Option<Vec<String>>,
+    pub tokens: Option<Vec<String>>,
+    pub header: Option<String>,
+    pub sources: Option<Vec<Text>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,6 +203,7 @@ pub struct RawMatch {
     pub path: Option<String>,
     pub path_prefix: Option<String>,
     pub methods: Option<Vec<String>>,
+    pub case_insensitive: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +267,8 @@ const SECTIONS: &[&str] = &[
     "server",
     "client_ip",
     "identity",
+    "bypass",
+    "zones",
     "upstreams",
     "routes",
     "log",
@@ -250,6 +321,8 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
             "server" => raw.server = one(value, "server", &mut problems),
             "log" => raw.log = one(value, "log", &mut problems),
             "client_ip" => raw.client_ip = one(value, "client_ip", &mut problems),
+            "zones" => raw.zones = list(value, "zones", &mut problems),
+            "bypass" => raw.bypass = one(value, "bypass", &mut problems),
             "identity" => raw.identity = one(value, "identity", &mut problems),
             "upstreams" => raw.upstreams = named(value, "upstreams", &mut problems),
             other => problems.push(Problem::new(

@@ -129,7 +129,21 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             }
         }
     }
-    let routes = routes(&mut c, raw.routes, &index, server.max_body_bytes);
+    let mut found = Vec::new();
+    let mut store_zones = Vec::new();
+    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut found);
+    let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut found);
+    for (path, message) in found {
+        c.report(path, message);
+    }
+    let routes = routes(
+        &mut c,
+        raw.routes,
+        &index,
+        server.max_body_bytes,
+        &zones,
+        &mut store_zones,
+    );
 
     if c.problems.is_empty() {
         Ok(Config {
@@ -141,6 +155,9 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             log,
             client_ip,
             identity,
+            zones,
+            bypass,
+            store_zones,
         })
     } else {
         Err(c.problems)
@@ -440,9 +457,16 @@ fn routes(
     raw: Vec<(String, RawRoute)>,
     upstreams: &HashMap<String, usize>,
     default_body: u64,
+    zones: &[ZoneConfig],
+    store_zones: &mut Vec<crate::limiter::memory::ZoneSpec>,
 ) -> Vec<RouteConfig> {
     let mut out: Vec<(RouteConfig, String)> = Vec::new();
     for (i, (path, r)) in raw.into_iter().enumerate() {
+        let mut found = Vec::new();
+        let extras = super::limits::route(&path, &r, zones, store_zones, &mut found);
+        for (p, message) in found {
+            c.report(p, message);
+        }
         let m = &r.matcher;
         let path_match = match (&m.path, &m.path_prefix) {
             (Some(p), None) => Some(PathMatch::Exact(p.clone())),
@@ -547,6 +571,12 @@ fn routes(
             methods,
             action,
             max_body_bytes,
+            case_insensitive: r.matcher.case_insensitive.unwrap_or(false),
+            zones: extras.zones,
+            limits: extras.limits,
+            headers: extras.headers,
+            warn_at: extras.warn_at,
+            webhook: extras.webhook,
         };
         if let Some((_, first)) = out.iter().find(|(o, _)| {
             o.host == route.host && o.path == route.path && o.methods == route.methods

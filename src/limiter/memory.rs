@@ -165,7 +165,7 @@ impl MemoryStore {
         let all_admitted = decisions.iter().all(Decision::admitted);
         for (check, &(g, idx)) in checks.iter().zip(&slots) {
             let shard = &mut guards[g];
-            if all_admitted {
+            if all_admitted && !check.peek {
                 shard.charge(&check.limit.algorithm, idx, now, check.cost);
             }
         }
@@ -181,7 +181,7 @@ impl MemoryStore {
         let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
         let idx = shard.entry(hash);
         let decision = shard.check(&check.limit.algorithm, idx, now, check.cost);
-        if decision.admitted() {
+        if decision.admitted() && !check.peek {
             shard.charge(&check.limit.algorithm, idx, now, check.cost);
         }
         shard.expire(&zone.algorithm, now);

@@ -67,6 +67,9 @@ pub struct Check<'a> {
     /// The bucket, e.g. `ip:203.0.113.7` (never a secret in clear).
     pub key: &'a str,
     pub cost: u64,
+    /// Decide but never charge (limits that count only some outcomes are
+    /// charged later, once the outcome is known).
+    pub peek: bool,
 }
 
 /// The decisions for all limits of a request, in the order checked.

@@ -57,6 +57,8 @@ impl StdError for RequestBodyError {
 pub struct RequestBody {
     /// `None` for a request rebuilt for a retry (only bodiless ones are).
     inner: Option<Incoming>,
+    /// A body already read whole (a webhook whose signature was checked).
+    buffered: Option<Bytes>,
     /// Bytes still allowed before the body is cut with `TooLarge`.
     remaining: u64,
     limit: u64,
@@ -66,6 +68,7 @@ impl RequestBody {
     pub fn new(inner: Incoming, limit: u64) -> Self {
         RequestBody {
             inner: Some(inner),
+            buffered: None,
             remaining: limit,
             limit,
         }
@@ -74,6 +77,16 @@ impl RequestBody {
     pub fn empty() -> Self {
         RequestBody {
             inner: None,
+            buffered: None,
+            remaining: 0,
+            limit: 0,
+        }
+    }
+
+    pub fn buffered(data: Bytes) -> Self {
+        RequestBody {
+            inner: None,
+            buffered: (!data.is_empty()).then_some(data),
             remaining: 0,
             limit: 0,
         }
@@ -89,6 +102,9 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        if let Some(data) = this.buffered.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -112,13 +128,15 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        match (&self.buffered, &self.inner) {
+            (Some(data), _) => SizeHint::with_exact(data.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+        }
     }
 }
 

@@ -14,13 +14,18 @@ pub mod client_ip;
 pub mod forward;
 pub mod identity;
 pub mod key;
+pub mod limits;
+pub mod normalize;
 pub mod response;
 pub mod route;
 pub mod upstream;
+pub mod webhook;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
@@ -32,6 +37,8 @@ use self::body::{ProxyBody, RequestBody};
 use self::client_ip::{ClientIp, Resolved};
 use self::forward::Forwarded;
 use self::identity::Identity;
+use self::key::KeySource;
+use self::limits::{Limiter, RouteOutcome};
 use self::response::{AccessRecord, RequestEnd};
 use self::route::RouteMatch;
 use self::upstream::{Exchange, Upstream};
@@ -51,6 +58,10 @@ pub struct Pipeline {
     client_ip: ClientIpConfig,
     /// Verifies JWTs / API keys when configured.
     identity: Option<IdentityConfig>,
+    /// Zones, route-limit state and bypass rules.
+    limiter: Limiter,
+    /// `0..zones`: what a request that matches no route is subject to.
+    all_zones: Vec<usize>,
 }
 
 /// What the listener knows about a connection.
@@ -80,7 +91,19 @@ impl Pipeline {
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             identity: config.identity.take(),
+            limiter: Limiter::new(
+                std::mem::take(&mut config.zones),
+                std::mem::take(&mut config.bypass),
+                &config.store_zones,
+            ),
+            all_zones: Vec::new(),
         }
+        .with_all_zones()
+    }
+
+    fn with_all_zones(mut self) -> Self {
+        self.all_zones = (0..self.limiter.zone_count()).collect();
+        self
     }
 
     pub fn client_ip_config(&self) -> &ClientIpConfig {
@@ -131,14 +154,56 @@ impl Pipeline {
 
     async fn serve(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: &ConnInfo,
         client: &Resolved,
         end: &mut RequestEnd,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         self.check_headers(req.headers())?;
+        // One spelling per path before anything matches or counts on it;
+        // the normalised path is also what the upstream receives.
+        if let Cow::Owned(path) =
+            normalize::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
+        {
+            *req.uri_mut() = with_path(req.uri(), &path)?;
+        }
         let host = request_host(&req)?;
-        let route = match route::find(&self.routes, host, req.uri().path(), req.method()) {
+        let found = route::find(&self.routes, host, req.uri().path(), req.method());
+        let route = match &found {
+            RouteMatch::Found(r) => Some(*r),
+            _ => None,
+        };
+        let identity = match &self.identity {
+            Some(id) => id
+                .identify(req.headers())
+                .map_err(|e| ProxyError::Unauthorized(e.0))?,
+            None => Identity::Anonymous,
+        };
+        if let Identity::User(user) = &identity {
+            end.set_user(user);
+        }
+        let ip = client.client.ip;
+        let webhook = route.and_then(|r| r.webhook.as_ref());
+        let allowed_source = webhook.is_some_and(|w| w.allows(ip));
+        if webhook.is_some_and(|w| w.only_allowed) && !allowed_source {
+            return Err(ProxyError::Forbidden(
+                "this route only accepts requests from its allowed sources",
+            ));
+        }
+        let exempt = allowed_source || self.limiter.bypassed(req.uri().path(), req.headers(), ip);
+        let src = KeySource {
+            client: ip,
+            identity: &identity,
+            headers: req.headers(),
+        };
+        if !exempt {
+            // Tier 1. A request that matches no route still meets every zone.
+            let zones = route.map_or(self.all_zones.as_slice(), |r| r.zones.as_slice());
+            self.limiter
+                .zones(zones, &src, &self.client_ip, &mut end.slots)
+                .await?;
+        }
+        let route = match found {
             RouteMatch::Found(r) => r,
             RouteMatch::MethodNotAllowed(allow) => {
                 return Err(ProxyError::MethodNotAllowed {
@@ -155,24 +220,33 @@ impl Pipeline {
             }
         };
         end.set_route(&route.name);
-        let identity = match &self.identity {
-            Some(id) => id
-                .identify(req.headers())
-                .map_err(|e| ProxyError::Unauthorized(e.0))?,
-            None => Identity::Anonymous,
+        // Tier 2.
+        let outcome = if exempt {
+            RouteOutcome::default()
+        } else {
+            self.limiter.route_limits(route, &src, &self.client_ip)?
         };
-        if let Identity::User(user) = &identity {
-            end.set_user(user);
-        }
-        match &route.action {
-            RouteAction::Respond(r) => Ok(response::respond(r, req.method())),
+        let mut resp = match &route.action {
+            RouteAction::Respond(r) => response::respond(r, req.method()),
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
                 end.set_upstream(&upstream.name);
-                self.forward(req, conn, client, upstream, route.max_body_bytes, end)
-                    .await
+                self.forward(req, conn, client, upstream, route, end)
+                    .await?
             }
+        };
+        if !outcome.deferred.is_empty() {
+            self.limiter
+                .charge_outcome(route, &outcome.deferred, resp.status().as_u16());
         }
+        limits::add_headers(
+            resp.headers_mut(),
+            route.headers,
+            route.warn_at,
+            &outcome.applied,
+            false,
+        );
+        Ok(resp)
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
@@ -201,9 +275,11 @@ impl Pipeline {
         conn: &ConnInfo,
         client: &Resolved,
         upstream: &Upstream,
-        max_body: u64,
+        route: &RouteConfig,
         end: &mut RequestEnd,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let max_body = route.max_body_bytes;
+        let verify = route.webhook.as_ref().and_then(|w| w.verify.as_ref());
         if let Some(len) = content_length(req.headers()) {
             if len > max_body {
                 return Err(ProxyError::BodyTooLarge { limit: max_body });
@@ -243,7 +319,31 @@ impl Pipeline {
         parts.headers.insert(HOST, host);
         parts.uri = origin_form(&parts.uri);
         parts.version = Version::HTTP_11;
-        let req = Request::from_parts(parts, RequestBody::new(body, max_body));
+        let body = match verify {
+            None => RequestBody::new(body, max_body),
+            Some(v) => {
+                // Signed bodies are read whole (within the size limit) and
+                // checked before a byte goes upstream.
+                let data = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                    body,
+                    max_body as usize,
+                ))
+                .await
+                {
+                    Ok(c) => c.to_bytes(),
+                    Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                        return Err(ProxyError::BodyTooLarge { limit: max_body })
+                    }
+                    Err(_) => return Err(ProxyError::BadRequest("the request body was cut off")),
+                };
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                webhook::verify(v, &parts.headers, &data, now)?;
+                RequestBody::buffered(data)
+            }
+        };
+        let req = Request::from_parts(parts, body);
 
         let mut target = None;
         let sent = upstream.send(req, &mut target).await;
@@ -311,6 +411,20 @@ fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, ProxyError> {
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// `uri` with its path replaced by `path` (the query is kept).
+fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(pq)
+            .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
+    );
+    Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
 }
 
 /// `/path?query` for the upstream request line.

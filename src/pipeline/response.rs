@@ -20,14 +20,31 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 /// Builds the RFC 9457 body for an error tollgate answers itself.
 pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
     let status = err.status();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
         "detail": err.to_string(),
     });
+    if let ProxyError::RateLimited {
+        limit, retry_after, ..
+    } = err
+    {
+        body["limit"] = serde_json::Value::from(limit.as_str());
+        body["retry_after"] = serde_json::Value::from(*retry_after);
+    }
     let mut resp = Response::new(ProxyBody::full(body.to_string()));
     *resp.status_mut() = status;
+    if let ProxyError::RateLimited {
+        headers,
+        retry_after,
+        ..
+    } = err
+    {
+        resp.headers_mut().extend((**headers).clone());
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(*retry_after));
+    }
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     if let ProxyError::Unauthorized(_) = err {
         resp.headers_mut().insert(
@@ -79,6 +96,8 @@ pub struct RequestEnd {
     aborted: bool,
     /// Lets the connection's idle watchdog know a request is running.
     conn: Arc<ConnState>,
+    /// Per-key concurrency slots (`max_conn`), released with the request.
+    pub slots: Vec<crate::pipeline::limits::ConnSlot>,
 }
 
 impl RequestEnd {
@@ -90,6 +109,7 @@ impl RequestEnd {
             bytes: 0,
             aborted: false,
             conn,
+            slots: Vec::new(),
         }
     }
 

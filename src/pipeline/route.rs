@@ -24,7 +24,9 @@ pub fn find<'a>(
 ) -> RouteMatch<'a> {
     let mut allowed: Option<Vec<&'a Method>> = None;
     for route in routes {
-        if !host_matches(route.host.as_ref(), host) || !path_matches(&route.path, path) {
+        if !host_matches(route.host.as_ref(), host)
+            || !path_matches(&route.path, path, route.case_insensitive)
+        {
             continue;
         }
         match &route.methods {
@@ -56,10 +58,24 @@ fn host_matches(want: Option<&HostMatch>, host: Option<&str>) -> bool {
     }
 }
 
-fn path_matches(want: &PathMatch, path: &str) -> bool {
+/// Paths arrive normalised (see `normalize`). An exact path also matches
+/// with one trailing slash, so `/auth/login/` cannot dodge `/auth/login`.
+fn path_matches(want: &PathMatch, path: &str, case_insensitive: bool) -> bool {
+    let eq = |a: &str, b: &str| {
+        if case_insensitive {
+            a.eq_ignore_ascii_case(b)
+        } else {
+            a == b
+        }
+    };
     match want {
-        PathMatch::Exact(p) => path == p,
-        PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+        PathMatch::Exact(p) => {
+            eq(path, p)
+                || (path.len() == p.len() + 1 && path.ends_with('/') && eq(&path[..p.len()], p))
+        }
+        PathMatch::Prefix(p) => {
+            path.len() >= p.len() && path.is_char_boundary(p.len()) && eq(&path[..p.len()], p)
+        }
     }
 }
 

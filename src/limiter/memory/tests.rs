@@ -32,6 +32,7 @@ fn check<'a>(limit: &'a Limit, key: &'a str) -> Check<'a> {
         limit,
         key,
         cost: 1,
+        peek: false,
     }
 }
 
@@ -177,7 +178,14 @@ fn the_least_recently_used_key_is_evicted_first() {
 
 #[test]
 fn idle_keys_expire_as_requests_arrive() {
-    let l = limit("z", Algorithm::FixedWindow { limit: 5, window_ms: 1000 }, 0);
+    let l = limit(
+        "z",
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 1000,
+        },
+        0,
+    );
     // 400 slots: one shard, so one key's traffic sweeps all of it.
     let s = store(&[&l], (400 * ENTRY_BYTES) as u64);
     for i in 0..50 {
@@ -377,7 +385,7 @@ proptest! {
         let s = store(&[&a, &b], 1 << 16);
         let (mut ra, mut rb) = (State::Empty, State::Empty);
         for &(t, c) in &trace {
-            let o = s.decide_at(&[Check { limit: &a, key: "k", cost: c }, Check { limit: &b, key: "k", cost: c }], t);
+            let o = s.decide_at(&[Check { limit: &a, key: "k", cost: c, peek: false }, Check { limit: &b, key: "k", cost: c, peek: false }], t);
             let da = a.algorithm.check(&mut ra, t, c);
             let db = b.algorithm.check(&mut rb, t, c);
             prop_assert_eq!(o.decisions[0], da);

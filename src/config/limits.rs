@@ -1,0 +1,588 @@
+//! Validation of everything that limits: `zones` (tier 1), each route's
+//! `limits` (tier 2), `bypass`, and webhook `allow_sources` / `verify`.
+//! Each zone and each route limit gets its own memory partition, sized by
+//! its `size` (default 10MB, like nginx `zone=name:10m`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode};
+use sha2::{Digest, Sha256};
+
+use super::client::parse_cidr;
+use super::compiled::*;
+use super::raw::{RawBypass, RawLimit, RawRoute, RawVerify, RawZone, Text};
+use super::units::{format_duration, parse_duration, parse_size};
+use crate::limiter::memory::ZoneSpec;
+use crate::limiter::{Algorithm, Limit};
+use crate::pipeline::key::KeyKind;
+
+pub type Problems = Vec<(String, String)>;
+
+const DEFAULT_SIZE: u64 = 10 << 20;
+
+fn count<T: std::str::FromStr>(
+    v: &Option<Text>,
+    path: &str,
+    default: T,
+    problems: &mut Problems,
+) -> T {
+    match v {
+        None => default,
+        Some(t) => t.0.trim().parse().unwrap_or_else(|_| {
+            problems.push((path.into(), format!("expected a whole number, got \"{t}\"")));
+            default
+        }),
+    }
+}
+
+fn size(v: &Option<Text>, path: &str, problems: &mut Problems) -> u64 {
+    match v {
+        None => DEFAULT_SIZE,
+        Some(t) => parse_size(&t.0).unwrap_or_else(|e| {
+            problems.push((path.into(), e));
+            DEFAULT_SIZE
+        }),
+    }
+}
+
+fn key_kind(v: &Option<String>, path: &str, default: KeyKind, problems: &mut Problems) -> KeyKind {
+    match v {
+        None => default,
+        Some(k) => k.parse().unwrap_or_else(|e| {
+            problems.push((path.into(), e));
+            default
+        }),
+    }
+}
+
+/// `10r/s`, `600r/m`, `5/s`, `100/h` -> (requests, period in ms).
+pub fn parse_rate(text: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("expected a rate like \"10r/s\", \"600r/m\" or \"5/s\", got \"{text}\"");
+    let (n, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+    let n: u64 = n.trim().trim_end_matches('r').parse().map_err(|_| bad())?;
+    let period = match unit.trim() {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    if n == 0 {
+        return Err(bad());
+    }
+    Ok((n, period))
+}
+
+pub fn zones(
+    raw: &[(String, RawZone)],
+    specs: &mut Vec<ZoneSpec>,
+    problems: &mut Problems,
+) -> Vec<ZoneConfig> {
+    let mut out: Vec<ZoneConfig> = Vec::new();
+    for (path, z) in raw {
+        if out.iter().any(|o| &*o.limit.name == z.name.as_str()) {
+            problems.push((
+                format!("{path}.name"),
+                format!("zone \"{}\" is defined twice", z.name),
+            ));
+        }
+        let (n, period) = match parse_rate(&z.rate.0) {
+            Ok(r) if r.1 <= 60_000 => r,
+            Ok(_) => {
+                problems.push((
+                    format!("{path}.rate"),
+                    "zones take r/s or r/m, like nginx".into(),
+                ));
+                (1, 1000)
+            }
+            Err(e) => {
+                problems.push((format!("{path}.rate"), e));
+                (1, 1000)
+            }
+        };
+        // nginx: rate in thousandths of a request per second, rounded down.
+        let rate_milli = n * 1000 * 1000 / period;
+        let burst = count(&z.burst, &format!("{path}.burst"), 0u64, problems);
+        let delay = match (z.nodelay, &z.delay) {
+            (Some(true), Some(_)) => {
+                problems.push((path.clone(), "give nodelay or delay, not both".into()));
+                u64::MAX
+            }
+            (Some(true), None) => u64::MAX,
+            (_, d) => count(d, &format!("{path}.delay"), 0u64, problems),
+        };
+        let status = count(&z.status, &format!("{path}.status"), 429u16, problems);
+        let status = match status {
+            429 | 503 => StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+            other => {
+                problems.push((
+                    format!("{path}.status"),
+                    format!("expected 429 or 503, got {other}"),
+                ));
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        };
+        let algorithm = Algorithm::Leaky {
+            rate_milli,
+            burst,
+            delay,
+        };
+        if let Err(e) = algorithm.validate() {
+            problems.push((format!("{path}.rate"), e));
+        }
+        let max_conn = z
+            .max_conn
+            .as_ref()
+            .map(|_| count(&z.max_conn, &format!("{path}.max_conn"), 0u32, problems));
+        if max_conn == Some(0) {
+            problems.push((format!("{path}.max_conn"), "must be at least 1".into()));
+        }
+        let zone_index = specs.len();
+        specs.push(ZoneSpec {
+            algorithm: algorithm.clone(),
+            size_bytes: size(&z.size, &format!("{path}.size"), problems),
+        });
+        out.push(ZoneConfig {
+            limit: Limit {
+                name: Arc::from(z.name.as_str()),
+                algorithm,
+                zone: zone_index,
+            },
+            key: key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, problems),
+            status,
+            dry_run: z.dry_run.unwrap_or(false),
+            max_conn,
+            rate_text: z.rate.0.trim().to_owned(),
+        });
+    }
+    out
+}
+
+pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig {
+    let Some(raw) = raw else {
+        return BypassConfig::default();
+    };
+    let mut out = BypassConfig::default();
+    for (i, p) in raw.paths.iter().flatten().enumerate() {
+        if !p.starts_with('/') {
+            problems.push((
+                format!("bypass.paths[{i}]"),
+                format!("must start with \"/\", got \"{p}\""),
+            ));
+        }
+        out.paths.push(p.clone());
+    }
+    for (i, t) in raw.tokens.iter().flatten().enumerate() {
+        if t.len() < 16 {
+            // The token itself is never printed.
+            problems.push((
+                format!("bypass.tokens[{i}]"),
+                format!(
+                    "a bypass token needs at least 16 characters, this one has {}",
+                    t.len()
+                ),
+            ));
+        }
+        out.token_hashes.push(Sha256::digest(t.as_bytes()).into());
+    }
+    if !out.token_hashes.is_empty() {
+        let name = raw.header.as_deref().unwrap_or("x-bypass-token");
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => out.header = Some(h),
+            Err(_) => problems.push((
+                "bypass.header".into(),
+                format!("\"{name}\" is not a valid header name"),
+            )),
+        }
+    }
+    for (i, s) in raw.sources.iter().flatten().enumerate() {
+        match parse_cidr(&s.0) {
+            Ok(net) => out.sources.push(net),
+            Err(e) => problems.push((format!("bypass.sources[{i}]"), e)),
+        }
+    }
+    out
+}
+
+/// The limiting parts of one route.
+pub struct RouteExtras {
+    pub zones: Vec<usize>,
+    pub limits: Vec<RouteLimit>,
+    pub headers: HeaderStyle,
+    pub warn_at: f64,
+    pub webhook: Option<WebhookConfig>,
+}
+
+pub fn route(
+    path: &str,
+    r: &RawRoute,
+    zones: &[ZoneConfig],
+    specs: &mut Vec<ZoneSpec>,
+    problems: &mut Problems,
+) -> RouteExtras {
+    let zone_index: HashMap<&str, usize> = zones
+        .iter()
+        .enumerate()
+        .map(|(i, z)| (&*z.limit.name, i))
+        .collect();
+    let route_zones = match &r.zones {
+        None => (0..zones.len()).collect(),
+        Some(names) => names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                let found = zone_index.get(n.as_str()).copied();
+                if found.is_none() {
+                    problems.push((
+                        format!("{path}.zones[{i}]"),
+                        format!("no zone named \"{n}\""),
+                    ));
+                }
+                found
+            })
+            .collect(),
+    };
+    let mut limits = Vec::new();
+    if r.skip != Some(true) {
+        for (i, l) in r.limits.iter().flatten().enumerate() {
+            let lpath = format!("{path}.limits[{i}]");
+            if limits
+                .iter()
+                .any(|x: &RouteLimit| &*x.limit.name == l.name.as_str())
+            {
+                problems.push((
+                    format!("{lpath}.name"),
+                    format!("\"{}\" is used twice on this route", l.name),
+                ));
+            }
+            if let Some(limit) = route_limit(&lpath, l, specs, problems) {
+                limits.push(limit);
+            }
+        }
+    }
+    let headers = match r.headers.as_deref() {
+        None | Some("both") => (true, true),
+        Some("legacy") => (true, false),
+        Some("ietf") => (false, true),
+        Some("none") => (false, false),
+        Some(other) => {
+            problems.push((
+                format!("{path}.headers"),
+                format!("expected both, legacy, ietf or none, got \"{other}\""),
+            ));
+            (true, true)
+        }
+    };
+    let reset_epoch = match r.reset.as_deref() {
+        None | Some("seconds") => false,
+        Some("epoch") => true,
+        Some(other) => {
+            problems.push((
+                format!("{path}.reset"),
+                format!("expected seconds or epoch, got \"{other}\""),
+            ));
+            false
+        }
+    };
+    let warn_at = match &r.warn_at {
+        None => 0.9,
+        Some(t) => match t.0.trim().parse::<f64>() {
+            Ok(f) if (0.0..=1.0).contains(&f) => f,
+            _ => {
+                problems.push((
+                    format!("{path}.warn_at"),
+                    format!("expected a fraction from 0 to 1, got \"{t}\""),
+                ));
+                0.9
+            }
+        },
+    };
+    let webhook = webhook(path, r, problems);
+    RouteExtras {
+        zones: route_zones,
+        limits,
+        headers: HeaderStyle {
+            legacy: headers.0,
+            ietf: headers.1,
+            reset_epoch,
+        },
+        warn_at,
+        webhook,
+    }
+}
+
+fn route_limit(
+    path: &str,
+    l: &RawLimit,
+    specs: &mut Vec<ZoneSpec>,
+    problems: &mut Problems,
+) -> Option<RouteLimit> {
+    let window = |problems: &mut Problems| -> Option<(u64, u64)> {
+        let limit = match &l.limit {
+            Some(t) => {
+                t.0.trim()
+                    .parse::<u64>()
+                    .map_err(|_| {
+                        problems.push((
+                            format!("{path}.limit"),
+                            format!("expected a whole number, got \"{t}\""),
+                        ));
+                    })
+                    .ok()?
+            }
+            None => {
+                problems.push((
+                    format!("{path}.limit"),
+                    format!("{} needs limit and window", l.algorithm),
+                ));
+                return None;
+            }
+        };
+        let window = match &l.window {
+            Some(t) => parse_duration(&t.0)
+                .map_err(|e| problems.push((format!("{path}.window"), e)))
+                .ok()?,
+            None => {
+                problems.push((
+                    format!("{path}.window"),
+                    format!("{} needs limit and window", l.algorithm),
+                ));
+                return None;
+            }
+        };
+        Some((limit, window.as_millis() as u64))
+    };
+    let bucket = |problems: &mut Problems| -> Option<(u64, u64, u64)> {
+        let (amount, period) = match &l.rate {
+            Some(t) => parse_rate(&t.0)
+                .map_err(|e| problems.push((format!("{path}.rate"), e)))
+                .ok()?,
+            None => {
+                problems.push((
+                    format!("{path}.rate"),
+                    format!("{} needs rate (e.g. 5/s) and burst", l.algorithm),
+                ));
+                return None;
+            }
+        };
+        let burst = count(&l.burst, &format!("{path}.burst"), amount, problems);
+        Some((amount, period, burst))
+    };
+    let (algorithm, description) = match l.algorithm.as_str() {
+        "fixed_window" | "sliding_window" | "sliding_log" => {
+            let (limit, window_ms) = window(problems)?;
+            let alg = match l.algorithm.as_str() {
+                "fixed_window" => Algorithm::FixedWindow { limit, window_ms },
+                "sliding_window" => Algorithm::SlidingWindow { limit, window_ms },
+                _ => Algorithm::SlidingLog { limit, window_ms },
+            };
+            (
+                alg,
+                format!(
+                    "{limit} requests per {}",
+                    format_duration(Duration::from_millis(window_ms))
+                ),
+            )
+        }
+        "token_bucket" | "gcra" => {
+            let (amount, period_ms, burst) = bucket(problems)?;
+            let alg = if l.algorithm == "gcra" {
+                Algorithm::Gcra {
+                    amount,
+                    period_ms,
+                    burst,
+                }
+            } else {
+                Algorithm::TokenBucket {
+                    amount,
+                    period_ms,
+                    burst,
+                }
+            };
+            let per = format_duration(Duration::from_millis(period_ms));
+            (
+                alg,
+                format!("{amount} requests per {per}, bursts of {burst}"),
+            )
+        }
+        other => {
+            problems.push((
+                format!("{path}.algorithm"),
+                format!("expected fixed_window, sliding_window, sliding_log, token_bucket or gcra, got \"{other}\""),
+            ));
+            return None;
+        }
+    };
+    if let Err(e) = algorithm.validate() {
+        problems.push((path.into(), e));
+        return None;
+    }
+    let cost = count(&l.cost, &format!("{path}.cost"), 1u64, problems);
+    if cost == 0 || cost > algorithm.policy().0 {
+        problems.push((
+            format!("{path}.cost"),
+            format!(
+                "must be from 1 to the limit ({}), got {cost}",
+                algorithm.policy().0
+            ),
+        ));
+    }
+    let count_status = l.count.as_ref().map(|c| c.status.clone());
+    if let Some(statuses) = &count_status {
+        if statuses.is_empty() || statuses.iter().any(|s| !(100..=599).contains(s)) {
+            problems.push((
+                format!("{path}.count.status"),
+                "list HTTP statuses from 100 to 599, e.g. [401, 403]".into(),
+            ));
+        }
+    }
+    let zone = specs.len();
+    specs.push(ZoneSpec {
+        algorithm: algorithm.clone(),
+        size_bytes: size(&l.size, &format!("{path}.size"), problems),
+    });
+    Some(RouteLimit {
+        limit: Limit {
+            name: Arc::from(l.name.as_str()),
+            algorithm,
+            zone,
+        },
+        key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, problems),
+        cost,
+        dry_run: l.dry_run.unwrap_or(false),
+        count_status,
+        description,
+    })
+}
+
+fn webhook(path: &str, r: &RawRoute, problems: &mut Problems) -> Option<WebhookConfig> {
+    if r.allow_sources.is_none() && r.verify.is_none() && r.only_allowed_sources.is_none() {
+        return None;
+    }
+    let allow_sources: Vec<_> = r
+        .allow_sources
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            parse_cidr(&s.0)
+                .map_err(|e| problems.push((format!("{path}.allow_sources[{i}]"), e)))
+                .ok()
+        })
+        .collect();
+    let only_allowed = r.only_allowed_sources.unwrap_or(false);
+    if only_allowed && r.allow_sources.is_none() {
+        problems.push((
+            format!("{path}.only_allowed_sources"),
+            "needs allow_sources".into(),
+        ));
+    }
+    let verify = r
+        .verify
+        .as_ref()
+        .and_then(|v| verify(&format!("{path}.verify"), v, problems));
+    Some(WebhookConfig {
+        allow_sources,
+        only_allowed,
+        verify,
+    })
+}
+
+fn verify(path: &str, v: &RawVerify, problems: &mut Problems) -> Option<VerifyConfig> {
+    let (scheme, default_header) = match v.scheme.as_str() {
+        "github" => (VerifyScheme::Github, "x-hub-signature-256"),
+        "stripe" => (VerifyScheme::Stripe, "stripe-signature"),
+        "hmac-sha256" => (VerifyScheme::HmacSha256, "x-signature"),
+        other => {
+            problems.push((
+                format!("{path}.scheme"),
+                format!("expected github, stripe or hmac-sha256, got \"{other}\""),
+            ));
+            return None;
+        }
+    };
+    if v.secret.len() < 16 {
+        problems.push((
+            format!("{path}.secret"),
+            format!(
+                "a signing secret needs at least 16 characters, this one has {}",
+                v.secret.len()
+            ),
+        ));
+    }
+    let header = HeaderName::from_bytes(v.header.as_deref().unwrap_or(default_header).as_bytes())
+        .map_err(|_| problems.push((format!("{path}.header"), "not a valid header name".into())))
+        .ok()?;
+    let tolerance = match &v.tolerance {
+        None => Duration::from_secs(300),
+        Some(t) => parse_duration(&t.0).unwrap_or_else(|e| {
+            problems.push((format!("{path}.tolerance"), e));
+            Duration::from_secs(300)
+        }),
+    };
+    Some(VerifyConfig {
+        scheme,
+        secret: v.secret.as_bytes().to_vec(),
+        header,
+        tolerance,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_like_nginx_and_nestjs() {
+        assert_eq!(parse_rate("10r/s"), Ok((10, 1000)));
+        assert_eq!(parse_rate("600r/m"), Ok((600, 60_000)));
+        assert_eq!(parse_rate("5/s"), Ok((5, 1000)));
+        assert_eq!(parse_rate("100/h"), Ok((100, 3_600_000)));
+        for bad in ["10", "10r/x", "r/s", "0r/s", "ten/s"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limit_problems_name_their_paths() {
+        let found = crate::config::testing::problems(
+            "listeners: [{ bind: '127.0.0.1:0' }]
+zones:
+  - { name: per_ip, rate: 10r/x, status: 404 }
+  - { name: per_ip, rate: 1r/s, nodelay: true, delay: 2 }
+bypass: { tokens: [short], sources: [10.0.0.1/8] }
+routes:
+  - match: { path_prefix: / }
+    respond: {}
+    zones: [nope]
+    headers: sometimes
+    limits:
+      - { name: a, algorithm: leaky_bucket }
+      - { name: b, algorithm: sliding_log, limit: 50000, window: 1m }
+      - { name: c, algorithm: fixed_window, limit: 5, window: 1m, cost: 9 }
+      - { name: d, algorithm: token_bucket }
+    verify: { scheme: gitlab, secret: x }
+",
+        );
+        crate::config::testing::assert_exactly(
+            &found,
+            &[
+                "zones[0].rate: expected a rate like",
+                "zones[0].status: expected 429 or 503, got 404",
+                "zones[1].name: zone \"per_ip\" is defined twice",
+                "zones[1]: give nodelay or delay, not both",
+                "bypass.tokens[0]: a bypass token needs at least 16 characters, this one has 5",
+                "bypass.sources[0]: \"10.0.0.1/8\" has host bits set",
+                "routes[0].zones[0]: no zone named \"nope\"",
+                "routes[0].limits[0].algorithm: expected fixed_window",
+                "routes[0].limits[1]: sliding_log keeps one entry per request",
+                "routes[0].limits[2].cost: must be from 1 to the limit (5), got 9",
+                "routes[0].limits[3].rate: token_bucket needs rate",
+                "routes[0].headers: expected both, legacy, ietf or none",
+                "routes[0].verify.scheme: expected github, stripe or hmac-sha256",
+            ],
+        );
+    }
+}
