@@ -1,0 +1,474 @@
+//! The two tiers through real sockets: per-IP zones with nginx semantics,
+//! named route limits with standard headers, outcome-counting limits, path
+//! aliases, bypass tokens, webhook sources and signatures, dry run.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn with(up: &Upstream, rest: &str) -> String {
+    config(&format!(
+        "upstreams:\n  api: {{ targets: ['{}'] }}\n{rest}",
+        up.addr
+    ))
+}
+
+async fn send(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> Got {
+    let mut c = h1(addr).await;
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "api.test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send1(&mut c, req.body(full(body)).unwrap()).await
+}
+
+async fn get_path(addr: std::net::SocketAddr, path: &str) -> Got {
+    send(addr, "GET", path, &[], b"").await
+}
+
+#[tokio::test]
+async fn the_nestjs_login_scenario() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "routes:
+  - match: { path: /auth/login, methods: [POST] }
+    upstream: api
+    limits: [{ name: login, algorithm: sliding_log, key: ip, limit: 5, window: 1m }]
+",
+    ))
+    .await;
+    for i in 0..5 {
+        let got = send(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
+        assert_eq!(got.status, 200, "attempt {i}");
+        assert_eq!(got.headers["x-ratelimit-limit"], "5");
+        assert_eq!(
+            got.headers["x-ratelimit-remaining"],
+            (4 - i).to_string().as_str()
+        );
+    }
+    let got = send(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
+    assert_eq!(got.status, 429);
+    assert_eq!(got.headers["content-type"], "application/problem+json");
+    let retry: u64 = got.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let p = got.json();
+    assert_eq!(p["status"], 429);
+    assert_eq!(p["limit"], "login");
+    assert_eq!(p["retry_after"], retry);
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("rate limit 'login' exceeded: 5 requests per 1m; retry in"),
+        "{detail}"
+    );
+    assert!(got.headers["ratelimit"]
+        .to_str()
+        .unwrap()
+        .contains(&format!("\"login\";r=0;t={retry}")));
+    assert_eq!(up.hits(), 5, "the upstream saw exactly five");
+}
+
+#[tokio::test]
+async fn a_zone_admits_part_of_a_burst_at_once_delays_part_and_rejects_the_rest() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "zones: [{ name: per_ip, rate: 10r/s, burst: 5, delay: 2 }]
+routes: [{ match: { path_prefix: / }, upstream: api }]
+",
+    ))
+    .await;
+    let addr = proxy.addr();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(async move { (get_path(addr, "/burst").await.status, Instant::now()) })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    let mut rejected = 0;
+    for t in tasks {
+        let (status, at) = t.await.unwrap();
+        match status.as_u16() {
+            200 => admitted.push((at - started).as_millis() as u64),
+            429 => rejected += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    admitted.sort_unstable();
+    assert_eq!(
+        (admitted.len(), rejected),
+        (6, 2),
+        "admitted at {admitted:?} ms"
+    );
+    // nginx: delay=2 lets 3 through at once; the excess beyond that waits
+    // (excess - 2) / rate: 100, 200 and 300 ms. Waits are never shorter.
+    for (i, ms) in admitted[3..].iter().enumerate() {
+        let expected = 100 * (i as u64 + 1);
+        assert!(
+            *ms + 10 >= expected,
+            "delayed request {i} came after {ms} ms, before ~{expected}: {admitted:?}"
+        );
+        assert!(
+            *ms < expected + 2000,
+            "delayed request {i} took {ms} ms: {admitted:?}"
+        );
+    }
+    assert!(admitted[2] < admitted[5], "{admitted:?}");
+    assert_eq!(up.hits(), 6);
+}
+
+#[tokio::test]
+async fn zones_count_the_requests_of_unmatched_routes_and_max_conn_caps_concurrency() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "zones:
+  - { name: per_ip, rate: 1r/s, burst: 1, nodelay: true, status: 503 }
+  - { name: conns, rate: 1000r/s, burst: 1000, nodelay: true, max_conn: 1 }
+routes:
+  - { match: { path_prefix: /slow }, upstream: api, zones: [conns] }
+  - { match: { path: /only-per-ip }, upstream: api, zones: [per_ip] }
+",
+    ))
+    .await;
+    // Unmatched paths meet every zone: the 3rd 404 in a second is the zone's 503.
+    assert_eq!(get_path(proxy.addr(), "/nope").await.status, 404);
+    assert_eq!(get_path(proxy.addr(), "/nope").await.status, 404);
+    let got = get_path(proxy.addr(), "/nope").await;
+    assert_eq!(got.status, 503, "nginx-parity status");
+    assert_eq!(got.json()["limit"], "per_ip");
+    // A route that lists only `conns` is not subject to per_ip.
+    let addr = proxy.addr();
+    let slow = tokio::spawn(async move { get_path(addr, "/slow?ms=800").await.status });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = get_path(proxy.addr(), "/slow?ms=1").await;
+    assert_eq!(got.status, 429, "one concurrent request per IP");
+    assert!(got.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("concurrency limit 'conns'"));
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(
+        get_path(proxy.addr(), "/slow?ms=1").await.status,
+        200,
+        "the slot was released"
+    );
+}
+
+#[tokio::test]
+async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "routes:
+  - match: { path_prefix: / }
+    upstream: api
+    limits:
+      - { name: short, algorithm: token_bucket, rate: 3/s, burst: 3 }
+      - { name: medium, algorithm: fixed_window, limit: 5, window: 1h }
+",
+    ))
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get_path(proxy.addr(), "/x").await);
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .map(|g| g.status.as_u16())
+            .collect::<Vec<_>>(),
+        vec![200, 200, 200, 429]
+    );
+    assert_eq!(statuses[3].json()["limit"], "short");
+    let policy = statuses[0].headers["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(policy, "\"short\";q=3;w=1, \"medium\";q=5;w=3600");
+    let state = statuses[0].headers["ratelimit"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        state.starts_with("\"short\";r=2;t=1, \"medium\";r=4;t="),
+        "{state}"
+    );
+    // The rejected 4th request cost `medium` nothing: 2 more pass after a refill.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get_path(proxy.addr(), "/x").await.status, 200);
+    let got = get_path(proxy.addr(), "/x").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.headers["x-ratelimit-remaining"], "0",
+        "medium is the most restrictive now"
+    );
+    assert!(
+        got.headers.get("x-ratelimit-warning").is_some(),
+        "past 90% of medium"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let got = get_path(proxy.addr(), "/x").await;
+    assert_eq!(got.status, 429);
+    assert_eq!(
+        got.json()["limit"],
+        "medium",
+        "a sustained rate hits the medium limit"
+    );
+    assert_eq!(up.hits(), 5);
+}
+
+#[tokio::test]
+async fn counting_only_failures_never_limits_successful_logins() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "routes:
+  - match: { path: /status }
+    upstream: api
+    limits: [{ name: failed_logins, algorithm: sliding_log, key: ip, limit: 2, window: 1m, count: { status: [401] } }]
+",
+    ))
+    .await;
+    for _ in 0..10 {
+        assert_eq!(
+            get_path(proxy.addr(), "/status?code=200").await.status,
+            200,
+            "successes are never counted"
+        );
+    }
+    assert_eq!(get_path(proxy.addr(), "/status?code=401").await.status, 401);
+    assert_eq!(get_path(proxy.addr(), "/status?code=401").await.status, 401);
+    let got = get_path(proxy.addr(), "/status?code=401").await;
+    assert_eq!(
+        got.status, 429,
+        "the guesser is stopped before the upstream"
+    );
+    assert_eq!(
+        get_path(proxy.addr(), "/status?code=200").await.status,
+        429,
+        "a key over its limit is rejected first"
+    );
+    assert_eq!(up.hits(), 12);
+}
+
+#[tokio::test]
+async fn path_aliases_count_against_one_bucket() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "routes:
+  - { match: { path: /auth/login }, upstream: api, limits: [{ name: login, algorithm: fixed_window, key: ip, limit: 3, window: 1h }] }
+  - { match: { path_prefix: / }, upstream: api }
+",
+    ))
+    .await;
+    let mut got = Vec::new();
+    for alias in [
+        "/auth//login",
+        "/auth/./login",
+        "/auth/x/../login",
+        "/auth/%6Cogin",
+        "/auth/login/",
+        "/auth/login;x=1",
+    ] {
+        let g = get_path(proxy.addr(), alias).await;
+        if g.status == 200 {
+            assert_eq!(
+                g.json()["uri"].as_str().unwrap().trim_end_matches('/'),
+                "/auth/login",
+                "{alias}: forwarded as normalised"
+            );
+        }
+        got.push((alias, g.status.as_u16()));
+    }
+    assert_eq!(got.iter().filter(|(_, s)| *s == 200).count(), 3, "{got:?}");
+    assert_eq!(got.iter().filter(|(_, s)| *s == 429).count(), 3, "{got:?}");
+    assert_eq!(
+        get_path(proxy.addr(), "/auth/../../etc/passwd")
+            .await
+            .status,
+        400
+    );
+}
+
+#[tokio::test]
+async fn only_the_exact_bypass_token_bypasses() {
+    let up = Upstream::spawn().await;
+    let token = "monitoring-token-0123456789";
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        &format!(
+            "bypass: {{ paths: [/health], tokens: ['{token}'] }}
+routes:
+  - {{ match: {{ path_prefix: / }}, upstream: api, limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}] }}
+"
+        ),
+    ))
+    .await;
+    for _ in 0..5 {
+        assert_eq!(
+            send(proxy.addr(), "GET", "/x", &[("x-bypass-token", token)], b"")
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            get_path(proxy.addr(), "/health").await.status,
+            200,
+            "bypass paths are never limited"
+        );
+    }
+    let same_length = "monitoring-token-0123456780";
+    let prefix = &token[..token.len() - 1];
+    let suffix = &token[1..];
+    let mut statuses = Vec::new();
+    for wrong in [same_length, prefix, suffix, ""] {
+        statuses.push(
+            send(proxy.addr(), "GET", "/x", &[("x-bypass-token", wrong)], b"")
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 429, 429, 429],
+        "wrong tokens are limited normally"
+    );
+    assert_eq!(up.hits(), 11);
+}
+
+#[tokio::test]
+async fn webhook_sources_and_signatures() {
+    let up = Upstream::spawn().await;
+    let secret = "github-webhook-secret-123";
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        &format!(
+            "routes:
+  - match: {{ path: /hooks/local }}
+    upstream: api
+    allow_sources: ['127.0.0.0/8']
+    limits: [{{ name: hook, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]
+  - match: {{ path: /hooks/github }}
+    upstream: api
+    allow_sources: ['192.30.252.0/22']
+    limits: [{{ name: hook, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]
+  - match: {{ path: /hooks/strict }}
+    upstream: api
+    allow_sources: ['192.30.252.0/22']
+    only_allowed_sources: true
+  - match: {{ path: /hooks/signed }}
+    upstream: api
+    verify: {{ scheme: github, secret: '{secret}' }}
+"
+        ),
+    ))
+    .await;
+    for _ in 0..5 {
+        assert_eq!(
+            send(proxy.addr(), "POST", "/hooks/local", &[], b"{}")
+                .await
+                .status,
+            200,
+            "allowed sources are unlimited"
+        );
+    }
+    // A spoofed X-Forwarded-For naming GitHub from an untrusted peer gets nothing.
+    let spoof = [("x-forwarded-for", "192.30.252.1")];
+    assert_eq!(
+        send(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
+            .await
+            .status,
+        429
+    );
+    let got = send(proxy.addr(), "POST", "/hooks/strict", &spoof, b"{}").await;
+    assert_eq!(got.status, 403);
+    assert_eq!(got.json()["status"], 403);
+
+    let body: &'static [u8] = br#"{"action":"opened","number":1}"#;
+    let sig = format!(
+        "sha256={}",
+        tollgate::pipeline::webhook::sign(secret.as_bytes(), &[body])
+    );
+    let got = send(
+        proxy.addr(),
+        "POST",
+        "/hooks/signed",
+        &[("x-hub-signature-256", &sig)],
+        body,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.json()["body"],
+        std::str::from_utf8(body).unwrap(),
+        "the verified body reaches the upstream intact"
+    );
+    let tampered: &'static [u8] = br#"{"action":"opened","number":2}"#;
+    let got = send(
+        proxy.addr(),
+        "POST",
+        "/hooks/signed",
+        &[("x-hub-signature-256", &sig)],
+        tampered,
+    )
+    .await;
+    assert_eq!(got.status, 401);
+    assert_eq!(got.json()["status"], 401);
+    assert_eq!(
+        send(proxy.addr(), "POST", "/hooks/signed", &[], body)
+            .await
+            .status,
+        401,
+        "unsigned"
+    );
+}
+
+#[tokio::test]
+async fn dry_run_never_rejects_but_reports() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(
+        &up,
+        "routes:
+  - match: { path_prefix: / }
+    upstream: api
+    headers: legacy
+    limits: [{ name: trial, algorithm: fixed_window, key: ip, limit: 1, window: 1h, dry_run: true }]
+",
+    ))
+    .await;
+    for _ in 0..3 {
+        let got = get_path(proxy.addr(), "/x").await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.headers["x-ratelimit-remaining"], "0");
+        assert!(
+            got.headers.get("ratelimit").is_none(),
+            "headers: legacy only"
+        );
+    }
+    assert_eq!(up.hits(), 3);
+}
