@@ -9,8 +9,11 @@
 //!   (listener::proxy_protocol: PROXY v1/v2 from trusted peers, before TLS)
 //!   -> pipeline::client_ip   who the client is: trusted real-IP resolution
 //!   -> pipeline::route       host / path / method match
+//!      (pipeline::normalize: one spelling per path, before matching)
 //!   -> pipeline::identity    verified JWT claim or API-key hash -> user
 //!      (pipeline::key builds rate-limit keys from the client and identity)
+//!   -> pipeline::limits      bypass, tier-1 zones, tier-2 route limits, headers
+//!      (pipeline::webhook: allowed sources and signature checks)
 //!   -> pipeline::upstream    pooled keep-alive forward, round robin, timeouts
 //!   -> pipeline::response    problem bodies, canned answers, access log
 //! ```
@@ -19,8 +22,7 @@
 //! algorithms and the bounded in-memory store behind a `Store` trait.
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `admin` serves
-//! `/healthz` and `/readyz`. The limiting stages (bypass, zones, policy
-//! limits) slot into `pipeline` between `identity` and `upstream`.
+//! `/healthz` and `/readyz`.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(

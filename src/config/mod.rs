@@ -132,6 +132,20 @@ impl Config {
                 id.on_invalid
             );
         }
+        for z in &self.zones {
+            let (q, _) = z.limit.algorithm.policy();
+            let _ = writeln!(
+                s,
+                "zone:      {} {} (burst {}), key {:?}{}{}",
+                z.limit.name,
+                z.rate_text,
+                q.saturating_sub(1),
+                z.key,
+                z.max_conn
+                    .map_or(String::new(), |m| format!(", max_conn {m}")),
+                if z.dry_run { ", dry run" } else { "" },
+            );
+        }
         let _ = writeln!(s, "upstreams:");
         for u in &self.upstreams {
             let targets: Vec<&str> = u.targets.iter().map(|t| t.authority.as_str()).collect();
@@ -163,10 +177,23 @@ impl Config {
                 RouteAction::Forward(i) => format!("-> {}", self.upstreams[*i].name),
                 RouteAction::Respond(resp) => format!("respond {}", resp.status.as_u16()),
             };
+            let mut extra = String::new();
+            if !r.limits.is_empty() {
+                let names: Vec<&str> = r.limits.iter().map(|l| &*l.limit.name).collect();
+                extra.push_str(&format!("  limits: {}", names.join(", ")));
+            }
+            if r.zones.len() != self.zones.len() {
+                let names: Vec<&str> = r
+                    .zones
+                    .iter()
+                    .map(|&z| &*self.zones[z].limit.name)
+                    .collect();
+                extra.push_str(&format!("  zones: [{}]", names.join(", ")));
+            }
             let _ = writeln!(
                 s,
-                "  {:<14} {:<16} {:<20} {:<10} {}",
-                r.name, host, path, methods, action
+                "  {:<14} {:<16} {:<20} {:<10} {}{}",
+                r.name, host, path, methods, action, extra
             );
         }
         s

@@ -2,11 +2,13 @@
 //! [`Pipeline::handle`]:
 //!
 //! ```text
-//! client_ip -> route -> identity -> upstream (forward) -> response
+//! client_ip -> normalize + route -> identity -> bypass / webhook sources
+//!   -> zones -> route limits -> upstream (forward) -> response
 //! ```
 //!
-//! (bypass, zones, identity and policy limits slot in between as they are
-//! built). `handle` is the outer handler: it logs once and turns a
+//! Route matching precedes the zones because a route may list the zones it
+//! is subject to; a request that matches no route meets every zone before
+//! its 404. `handle` is the outer handler: it logs once and turns a
 //! `ProxyError` into a problem response; `serve` is the inner one and uses `?`.
 
 pub mod body;
