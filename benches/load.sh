@@ -17,6 +17,9 @@ UP_PORT=${UP_PORT:-18081}
 NGINX_PORT=${NGINX_PORT:-18082}
 TG_PORT=${TG_PORT:-18083}
 ADMIN_PORT=${ADMIN_PORT:-18084}
+NGINX_LIM_PORT=${NGINX_LIM_PORT:-18085}
+TG_LIM_PORT=${TG_LIM_PORT:-18086}
+ADMIN_LIM_PORT=${ADMIN_LIM_PORT:-18087}
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
@@ -32,6 +35,7 @@ cleanup() {
     [ -f "$work/up.pid" ] && kill "$(cat "$work/up.pid")" 2>/dev/null || true
     [ -f "$work/proxy.pid" ] && kill "$(cat "$work/proxy.pid")" 2>/dev/null || true
     [ -n "${TG_PID:-}" ] && kill "$TG_PID" 2>/dev/null || true
+    [ -n "${TG_LIM_PID:-}" ] && kill "$TG_LIM_PID" 2>/dev/null || true
     sleep 0.3
     rm -rf "$work"
 }
@@ -61,6 +65,14 @@ http {
              location / { proxy_pass http://api; proxy_http_version 1.1;
                           proxy_set_header Connection "";
                           proxy_set_header X-Forwarded-For \$remote_addr; } }
+    # The same with a per-IP limit_req tier whose rate no run reaches, so
+    # both proxies do the limiting work on every request and reject none.
+    limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=100000000r/s;
+    server { listen 127.0.0.1:$NGINX_LIM_PORT; keepalive_requests 100000;
+             location / { limit_req zone=per_ip burst=1000 nodelay;
+                          proxy_pass http://api; proxy_http_version 1.1;
+                          proxy_set_header Connection "";
+                          proxy_set_header X-Forwarded-For \$remote_addr; } }
 }
 CONF
 cat > "$work/tollgate.yaml" <<CONF
@@ -71,13 +83,31 @@ upstreams: { api: { targets: ["127.0.0.1:$UP_PORT"] } }
 routes: [{ match: { path_prefix: / }, upstream: api }]
 CONF
 
+cat > "$work/tollgate-limits.yaml" <<CONF
+listeners: [{ bind: "127.0.0.1:$TG_LIM_PORT" }]
+admin: { bind: "127.0.0.1:$ADMIN_LIM_PORT" }
+log: { level: warn, access_log: false }
+zones: [{ name: per_ip, rate: 100000000r/s, burst: 1000, nodelay: true }]
+upstreams: { api: { targets: ["127.0.0.1:$UP_PORT"] } }
+routes:
+  - match: { path_prefix: / }
+    upstream: api
+    limits:
+      - { name: short, algorithm: token_bucket, rate: 1000000/s, burst: 1000000, key: ip }
+      - { name: long, algorithm: sliding_window, limit: 4000000000, window: 1h, key: ip }
+CONF
+
 "$NGINX" -c "$work/up.conf"
 "$NGINX" -c "$work/proxy.conf"
 target/release/tollgate run --config "$work/tollgate.yaml" >"$work/tollgate.log" 2>&1 &
 TG_PID=$!
+target/release/tollgate run --config "$work/tollgate-limits.yaml" >"$work/tollgate-limits.log" 2>&1 &
+TG_LIM_PID=$!
 sleep 1
 curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$TG_PORT/" >/dev/null
+curl -fsS "http://127.0.0.1:$NGINX_LIM_PORT/" >/dev/null
+curl -fsS "http://127.0.0.1:$TG_LIM_PORT/" >/dev/null || { cat "$work/tollgate-limits.log" >&2; exit 1; }
 
 run() { # name port
     wrk -t"$THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$2/" >/dev/null # warm-up
@@ -94,4 +124,7 @@ run() { # name port
 echo "wrk -t$THREADS -c$CONNS -d$DURATION on $cores cores (upstream: nginx return 200)" >&2
 nginx_rps=$(run nginx "$NGINX_PORT")
 tg_rps=$(run tollgate "$TG_PORT")
-awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "tollgate / nginx throughput ratio: %.2f\n", t / n }'
+nginx_lim_rps=$(run nginx+lim "$NGINX_LIM_PORT")
+tg_lim_rps=$(run tollgate+lim "$TG_LIM_PORT")
+awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "proxy only:        tollgate / nginx throughput ratio: %.2f\n", t / n }'
+awk -v t="$tg_lim_rps" -v n="$nginx_lim_rps" 'BEGIN { printf "with rate limits:  tollgate / nginx throughput ratio: %.2f (nginx: one limit_req zone; tollgate: a zone + two route limits)\n", t / n }'
