@@ -168,17 +168,14 @@ impl Limiter {
                         tracing::info!(zone = %zone.limit.name, "dry run: would reject");
                         continue;
                     }
-                    let retry = secs(outcome.decisions[worst].retry_after_ms);
-                    return Err(ProxyError::RateLimited {
-                        limit: zone.limit.name.to_string(),
-                        detail: format!(
-                            "rate limit '{}' exceeded: {}; retry in {retry}s",
-                            zone.limit.name, zone.rate_text
-                        ),
-                        retry_after: retry,
-                        status: zone.status,
-                        headers: Box::default(),
-                    });
+                    let retry_ms = outcome.decisions[worst].retry_after_ms;
+                    return Err(rejected(
+                        &zone.limit.name,
+                        &zone.rate_text,
+                        retry_ms,
+                        zone.status,
+                        HeaderMap::new(),
+                    ));
                 }
             }
         }
@@ -246,7 +243,6 @@ impl Limiter {
                     tracing::info!(limit = %limit.limit.name, "dry run: would reject");
                     continue;
                 }
-                let retry = secs(outcome.decisions[worst].retry_after_ms);
                 let mut headers = HeaderMap::new();
                 add_headers(
                     &mut headers,
@@ -255,16 +251,14 @@ impl Limiter {
                     &out.applied,
                     true,
                 );
-                return Err(ProxyError::RateLimited {
-                    limit: limit.limit.name.to_string(),
-                    detail: format!(
-                        "rate limit '{}' exceeded: {}; retry in {retry}s",
-                        limit.limit.name, limit.description
-                    ),
-                    retry_after: retry,
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    headers: Box::new(headers),
-                });
+                let retry_ms = outcome.decisions[worst].retry_after_ms;
+                return Err(rejected(
+                    &limit.limit.name,
+                    &limit.description,
+                    retry_ms,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    headers,
+                ));
             }
         }
         Ok(out)
@@ -286,6 +280,24 @@ impl Limiter {
                 let _ = self.store.decide_at(std::slice::from_ref(&check), now);
             }
         }
+    }
+}
+
+/// The 429 (or 503) for a limit that rejected, with its retry advice.
+fn rejected(
+    name: &str,
+    what: &str,
+    retry_ms: u64,
+    status: StatusCode,
+    headers: HeaderMap,
+) -> ProxyError {
+    let retry = secs(retry_ms);
+    ProxyError::RateLimited {
+        limit: name.to_owned(),
+        detail: format!("rate limit '{name}' exceeded: {what}; retry in {retry}s"),
+        retry_after: retry,
+        status,
+        headers: Box::new(headers),
     }
 }
 
