@@ -59,6 +59,8 @@ pub enum ProxyError {
     HeadersTooLarge { size: usize, limit: usize },
     #[error("request has {count} header fields; the limit is {limit}")]
     TooManyHeaders { count: usize, limit: usize },
+    #[error("the client sent no request body bytes for {0}s")]
+    BodyTimeout(u64),
     #[error("request body is larger than the {limit}-byte limit")]
     BodyTooLarge { limit: u64 },
     #[error("upstream \"{upstream}\" has no reachable target: {reason}")]
@@ -84,6 +86,7 @@ impl ProxyError {
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -137,6 +140,7 @@ mod tests {
             (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
             (ProxyError::BodyTooLarge { limit: 8 }, 413),
+            (ProxyError::BodyTimeout(60), 408),
             (
                 ProxyError::UpstreamUnreachable {
                     upstream: up(),

@@ -226,3 +226,20 @@ async fn http2_advertises_the_configured_stream_limit() {
         .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
     assert_eq!(max_streams, Some(7));
 }
+
+#[tokio::test]
+async fn a_client_that_stops_sending_its_body_gets_a_408() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&guarded(&up, "body_read_timeout: 300ms")).await;
+    let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    tcp.write_all(b"POST /upload HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("application/problem+json"), "{out}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}

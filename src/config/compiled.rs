@@ -80,6 +80,9 @@ pub struct ServerConfig {
     pub h2_max_concurrent_streams: u32,
     /// How long in-flight requests may run after SIGTERM before being cut.
     pub shutdown_grace: Duration,
+    /// A client that sends no body bytes for this long gets 408 (nginx
+    /// `client_body_timeout`).
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Debug)]

@@ -97,6 +97,7 @@ pub struct RawServer {
     pub max_connections: Option<Text>,
     pub h2_max_concurrent_streams: Option<Text>,
     pub shutdown_grace: Option<Text>,
+    pub body_read_timeout: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -174,6 +174,7 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
         max_connections: None,
         h2_max_concurrent_streams: None,
         shutdown_grace: None,
+        body_read_timeout: None,
     };
     let s = raw.server.as_ref().unwrap_or(&empty);
     let max_header_bytes = c.size("server.max_header_size", &s.max_header_size, 32 << 10);
@@ -212,6 +213,11 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             "server.shutdown_grace",
             &s.shutdown_grace,
             Duration::from_secs(30),
+        ),
+        body_read_timeout: c.positive_duration(
+            "server.body_read_timeout",
+            &s.body_read_timeout,
+            Duration::from_secs(60),
         ),
     }
 }

@@ -30,7 +30,11 @@ use super::upstream::pool::Pooled;
 /// Why the client's body stopped on its way upstream.
 #[derive(Debug)]
 pub enum RequestBodyError {
-    TooLarge { limit: u64 },
+    TooLarge {
+        limit: u64,
+    },
+    /// No bytes for this long.
+    Timeout(Duration),
     Client(hyper::Error),
 }
 
@@ -38,6 +42,9 @@ impl fmt::Display for RequestBodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RequestBodyError::TooLarge { limit } => write!(f, "request body exceeds {limit} bytes"),
+            RequestBodyError::Timeout(d) => {
+                write!(f, "no request body bytes for {}ms", d.as_millis())
+            }
             RequestBodyError::Client(e) => write!(f, "reading the client body failed: {e}"),
         }
     }
@@ -46,13 +53,13 @@ impl fmt::Display for RequestBodyError {
 impl StdError for RequestBodyError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            RequestBodyError::TooLarge { .. } => None,
+            RequestBodyError::TooLarge { .. } | RequestBodyError::Timeout(_) => None,
             RequestBodyError::Client(e) => Some(e),
         }
     }
 }
 
-/// The client's body, streamed upstream with a byte cap.
+/// The client's body, streamed upstream with a byte cap and a read timeout.
 #[derive(Debug)]
 pub struct RequestBody {
     /// `None` for a request rebuilt for a retry (only bodiless ones are).
@@ -62,15 +69,21 @@ pub struct RequestBody {
     /// Bytes still allowed before the body is cut with `TooLarge`.
     remaining: u64,
     limit: u64,
+    /// Longest silence between body bytes (nginx `client_body_timeout`).
+    read_timeout: Duration,
+    /// Armed the first time the client makes us wait (most bodies never do).
+    stall: Option<Pin<Box<Sleep>>>,
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: u64) -> Self {
+    pub fn new(inner: Incoming, limit: u64, read_timeout: Duration) -> Self {
         RequestBody {
             inner: Some(inner),
             buffered: None,
             remaining: limit,
             limit,
+            read_timeout,
+            stall: None,
         }
     }
 
@@ -80,15 +93,20 @@ impl RequestBody {
             buffered: None,
             remaining: 0,
             limit: 0,
+            read_timeout: Duration::ZERO,
+            stall: None,
         }
     }
 
     pub fn buffered(data: Bytes) -> Self {
+        let buffered = (!data.is_empty()).then_some(data);
         RequestBody {
             inner: None,
-            buffered: (!data.is_empty()).then_some(data),
+            buffered,
             remaining: 0,
             limit: 0,
+            read_timeout: Duration::ZERO,
+            stall: None,
         }
     }
 }
@@ -108,7 +126,22 @@ impl Body for RequestBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match ready!(Pin::new(inner).poll_frame(cx)) {
+        let polled = Pin::new(inner).poll_frame(cx);
+        if polled.is_pending() {
+            let timeout = this.read_timeout;
+            let stall = this
+                .stall
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+            if stall.as_mut().poll(cx).is_ready() {
+                this.inner = None;
+                return Poll::Ready(Some(Err(RequestBodyError::Timeout(timeout))));
+            }
+            return Poll::Pending;
+        }
+        if let Some(stall) = this.stall.as_mut() {
+            stall.as_mut().reset(Instant::now() + this.read_timeout);
+        }
+        match ready!(polled) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;

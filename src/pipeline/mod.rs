@@ -55,6 +55,7 @@ pub struct Pipeline {
     upstreams: Vec<Arc<Upstream>>,
     max_header_bytes: usize,
     max_headers: usize,
+    body_read_timeout: std::time::Duration,
     access_log: bool,
     /// Trusted proxies, forwarding headers and key prefixes.
     client_ip: ClientIpConfig,
@@ -90,6 +91,7 @@ impl Pipeline {
                 .collect(),
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
+            body_read_timeout: config.server.body_read_timeout,
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             identity: config.identity.take(),
@@ -322,7 +324,7 @@ impl Pipeline {
         parts.uri = origin_form(&parts.uri);
         parts.version = Version::HTTP_11;
         let body = match verify {
-            None => RequestBody::new(body, max_body),
+            None => RequestBody::new(body, max_body, self.body_read_timeout),
             Some(v) => {
                 // Signed bodies are read whole (within the size limit) and
                 // checked before a byte goes upstream.

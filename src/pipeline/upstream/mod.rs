@@ -271,6 +271,7 @@ impl Upstream {
                     RequestBodyError::TooLarge { limit } => {
                         ProxyError::BodyTooLarge { limit: *limit }
                     }
+                    RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
                     RequestBodyError::Client(_) => {
                         ProxyError::BadRequest("the client's request body was cut off")
                     }
