@@ -341,6 +341,7 @@ async fn the_access_log_has_one_json_event_per_request() {
     assert_eq!(ok["upstream_target"], up.addr.to_string());
     assert!(ok["bytes"].as_u64().unwrap() > 0);
     assert!(ok["duration_ms"].as_f64().is_some());
+    assert_eq!(ok["rate_limit"], "-");
     assert_eq!(events[1]["status"], 404);
     assert_eq!(events[1]["upstream"], "-");
 }

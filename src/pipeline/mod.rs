@@ -132,6 +132,7 @@ impl Pipeline {
                 path: req.uri().path().to_owned(),
                 route: None,
                 user: None,
+                rate_limit: None,
                 upstream: None,
                 target: None,
                 // nginx's "client closed request", kept if the client goes
@@ -147,6 +148,9 @@ impl Pipeline {
                     tracing::debug!(client = %client.ip, error = %err, "request refused");
                 } else {
                     tracing::warn!(client = %client.ip, error = %err, "request failed");
+                }
+                if let ProxyError::RateLimited { limit, .. } = &err {
+                    end.set_rate_limit(|| format!("rejected:{limit}"));
                 }
                 response::problem(&err)
             }
@@ -195,6 +199,9 @@ impl Pipeline {
             ));
         }
         let exempt = allowed_source || self.limiter.bypassed(req.uri().path(), req.headers(), ip);
+        if exempt {
+            end.set_rate_limit(|| "bypass".to_owned());
+        }
         let src = KeySource {
             client: ip,
             identity: &identity,

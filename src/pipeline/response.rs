@@ -82,6 +82,8 @@ pub struct AccessRecord {
     pub route: Option<Arc<str>>,
     /// The verified user (a JWT claim, or an API key hash), if any.
     pub user: Option<String>,
+    /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
+    pub rate_limit: Option<String>,
     pub upstream: Option<Arc<str>>,
     pub target: Option<Arc<str>>,
     pub status: StatusCode,
@@ -122,6 +124,12 @@ impl RequestEnd {
     pub fn set_route(&mut self, name: &Arc<str>) {
         if let Some(r) = self.record.as_mut() {
             r.route = Some(name.clone());
+        }
+    }
+
+    pub fn set_rate_limit(&mut self, what: impl FnOnce() -> String) {
+        if let Some(r) = self.record.as_mut() {
+            r.rate_limit = Some(what());
         }
     }
 
@@ -166,6 +174,7 @@ impl Drop for RequestEnd {
             status = r.status.as_u16(),
             route = r.route.as_deref().unwrap_or("-"),
             user = r.user.as_deref().unwrap_or("-"),
+            rate_limit = r.rate_limit.as_deref().unwrap_or("-"),
             upstream = r.upstream.as_deref().unwrap_or("-"),
             upstream_target = r.target.as_deref().unwrap_or("-"),
             duration_ms = (ms * 1000.0).round() / 1000.0,
