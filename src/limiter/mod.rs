@@ -97,29 +97,33 @@ impl Outcome {
         }
     }
 
-    /// The index of the limit to report in headers: a rejecting one with
-    /// the longest wait, else the one with the fewest remaining (ties: the
-    /// later reset).
+    /// The index of the limit to report in headers; see [`most_restrictive`].
     pub fn most_restrictive(&self) -> Option<usize> {
-        let rejecting = self
-            .decisions
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !d.admitted())
-            .max_by_key(|(_, d)| d.retry_after_ms)
-            .map(|(i, _)| i);
-        rejecting.or_else(|| {
-            self.decisions
-                .iter()
-                .enumerate()
-                .min_by(|(_, a), (_, b)| {
-                    a.remaining
-                        .cmp(&b.remaining)
-                        .then(b.reset_ms.cmp(&a.reset_ms))
-                })
-                .map(|(i, _)| i)
-        })
+        most_restrictive(self.decisions.iter())
     }
+}
+
+/// The decision to report in headers: a rejecting one with the longest
+/// wait, else the one with the fewest remaining (ties: the later reset).
+pub fn most_restrictive<'a>(
+    decisions: impl Iterator<Item = &'a Decision> + Clone,
+) -> Option<usize> {
+    let rejecting = decisions
+        .clone()
+        .enumerate()
+        .filter(|(_, d)| !d.admitted())
+        .max_by_key(|(_, d)| d.retry_after_ms)
+        .map(|(i, _)| i);
+    rejecting.or_else(|| {
+        decisions
+            .enumerate()
+            .min_by(|(_, a), (_, b)| {
+                a.remaining
+                    .cmp(&b.remaining)
+                    .then(b.reset_ms.cmp(&a.reset_ms))
+            })
+            .map(|(i, _)| i)
+    })
 }
 
 /// A store failed to decide (Redis down, timeout). The failure mode

@@ -317,13 +317,8 @@ pub fn add_headers(
     applied: &[Applied],
     rejected: bool,
 ) {
-    if applied.is_empty() {
-        return;
-    }
-    let outcome = Outcome {
-        decisions: applied.iter().map(|a| a.decision).collect(),
-    };
-    let Some(worst) = outcome.most_restrictive() else {
+    use std::fmt::Write;
+    let Some(worst) = crate::limiter::most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
     let w = &applied[worst];
@@ -343,23 +338,24 @@ pub fn add_headers(
         headers.insert(X_RESET, num(reset));
     }
     if style.ietf {
-        let mut policy = String::new();
-        let mut state = String::new();
-        for a in applied {
-            let sep = if policy.is_empty() { "" } else { ", " };
+        let mut policy = String::with_capacity(40 * applied.len());
+        let mut state = String::with_capacity(40 * applied.len());
+        for (i, a) in applied.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
             let d = &a.decision;
-            policy.push_str(&format!(
-                "{sep}\"{}\";q={};w={}",
-                a.name,
-                d.limit,
-                secs(d.window_ms)
-            ));
             let t = if d.admitted() {
                 d.reset_ms.div_ceil(1000)
             } else {
                 secs(d.retry_after_ms)
             };
-            state.push_str(&format!("{sep}\"{}\";r={};t={}", a.name, d.remaining, t));
+            let _ = write!(
+                policy,
+                "{sep}\"{}\";q={};w={}",
+                a.name,
+                d.limit,
+                secs(d.window_ms)
+            );
+            let _ = write!(state, "{sep}\"{}\";r={};t={t}", a.name, d.remaining);
         }
         if let (Ok(p), Ok(s)) = (
             HeaderValue::from_str(&policy),
