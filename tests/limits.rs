@@ -15,6 +15,13 @@ fn with(up: &Upstream, rest: &str) -> String {
     ))
 }
 
+/// A spawned upstream and tollgate in front of it with `rest` as config.
+async fn start(rest: &str) -> (Upstream, TestProxy) {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&with(&up, rest)).await;
+    (up, proxy)
+}
+
 async fn send(
     addr: std::net::SocketAddr,
     method: &str,
@@ -39,15 +46,13 @@ async fn get_path(addr: std::net::SocketAddr, path: &str) -> Got {
 
 #[tokio::test]
 async fn the_nestjs_login_scenario() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "routes:
   - match: { path: /auth/login, methods: [POST] }
     upstream: api
     limits: [{ name: login, algorithm: sliding_log, key: ip, limit: 5, window: 1m }]
 ",
-    ))
+    )
     .await;
     for i in 0..5 {
         let got = send(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
@@ -85,13 +90,11 @@ async fn the_nestjs_login_scenario() {
 
 #[tokio::test]
 async fn a_zone_admits_part_of_a_burst_at_once_delays_part_and_rejects_the_rest() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "zones: [{ name: per_ip, rate: 10r/s, burst: 5, delay: 2 }]
 routes: [{ match: { path_prefix: / }, upstream: api }]
 ",
-    ))
+    )
     .await;
     let addr = proxy.addr();
     let started = Instant::now();
@@ -135,9 +138,7 @@ routes: [{ match: { path_prefix: / }, upstream: api }]
 
 #[tokio::test]
 async fn zones_count_the_requests_of_unmatched_routes_and_max_conn_caps_concurrency() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "zones:
   - { name: per_ip, rate: 1r/s, burst: 1, nodelay: true, status: 503 }
   - { name: conns, rate: 1000r/s, burst: 1000, nodelay: true, max_conn: 1 }
@@ -145,7 +146,7 @@ routes:
   - { match: { path_prefix: /slow }, upstream: api, zones: [conns] }
   - { match: { path: /only-per-ip }, upstream: api, zones: [per_ip] }
 ",
-    ))
+    )
     .await;
     // Unmatched paths meet every zone: the 3rd 404 in a second is the zone's 503.
     assert_eq!(get_path(proxy.addr(), "/nope").await.status, 404);
@@ -173,9 +174,7 @@ routes:
 
 #[tokio::test]
 async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "routes:
   - match: { path_prefix: / }
     upstream: api
@@ -183,7 +182,7 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
       - { name: short, algorithm: token_bucket, rate: 3/s, burst: 3 }
       - { name: medium, algorithm: fixed_window, limit: 5, window: 1h }
 ",
-    ))
+    )
     .await;
     let mut statuses = Vec::new();
     for _ in 0..4 {
@@ -236,15 +235,13 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
 
 #[tokio::test]
 async fn counting_only_failures_never_limits_successful_logins() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "routes:
   - match: { path: /status }
     upstream: api
     limits: [{ name: failed_logins, algorithm: sliding_log, key: ip, limit: 2, window: 1m, count: { status: [401] } }]
 ",
-    ))
+    )
     .await;
     for _ in 0..10 {
         assert_eq!(
@@ -270,14 +267,12 @@ async fn counting_only_failures_never_limits_successful_logins() {
 
 #[tokio::test]
 async fn path_aliases_count_against_one_bucket() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "routes:
   - { match: { path: /auth/login }, upstream: api, limits: [{ name: login, algorithm: fixed_window, key: ip, limit: 3, window: 1h }] }
   - { match: { path_prefix: / }, upstream: api }
 ",
-    ))
+    )
     .await;
     let mut got = Vec::new();
     for alias in [
@@ -310,17 +305,15 @@ async fn path_aliases_count_against_one_bucket() {
 
 #[tokio::test]
 async fn only_the_exact_bypass_token_bypasses() {
-    let up = Upstream::spawn().await;
     let token = "monitoring-token-0123456789";
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         &format!(
             "bypass: {{ paths: [/health], tokens: ['{token}'] }}
 routes:
   - {{ match: {{ path_prefix: / }}, upstream: api, limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}] }}
 "
         ),
-    ))
+    )
     .await;
     for _ in 0..5 {
         assert_eq!(
@@ -357,12 +350,9 @@ routes:
 
 #[tokio::test]
 async fn webhook_sources_and_signatures() {
-    let up = Upstream::spawn().await;
     let secret = "github-webhook-secret-123";
-    let proxy = TestProxy::spawn(&with(
-        &up,
-        &format!(
-            "routes:
+    let (up, proxy) = start(&format!(
+        "routes:
   - match: {{ path: /hooks/local }}
     upstream: api
     allow_sources: ['127.0.0.0/8']
@@ -379,7 +369,6 @@ async fn webhook_sources_and_signatures() {
     upstream: api
     verify: {{ scheme: github, secret: '{secret}' }}
 "
-        ),
     ))
     .await;
     for _ in 0..5 {
@@ -450,16 +439,14 @@ async fn webhook_sources_and_signatures() {
 
 #[tokio::test]
 async fn dry_run_never_rejects_but_reports() {
-    let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&with(
-        &up,
+    let (up, proxy) = start(
         "routes:
   - match: { path_prefix: / }
     upstream: api
     headers: legacy
     limits: [{ name: trial, algorithm: fixed_window, key: ip, limit: 1, window: 1h, dry_run: true }]
 ",
-    ))
+    )
     .await;
     for _ in 0..3 {
         let got = get_path(proxy.addr(), "/x").await;
