@@ -138,7 +138,7 @@ routes: [{ match: { path_prefix: / }, upstream: api }]
 
 #[tokio::test]
 async fn zones_count_the_requests_of_unmatched_routes_and_max_conn_caps_concurrency() {
-    let (up, proxy) = start(
+    let (_up, proxy) = start(
         "zones:
   - { name: per_ip, rate: 1r/s, burst: 1, nodelay: true, status: 503 }
   - { name: conns, rate: 1000r/s, burst: 1000, nodelay: true, max_conn: 1 }
@@ -267,7 +267,7 @@ async fn counting_only_failures_never_limits_successful_logins() {
 
 #[tokio::test]
 async fn path_aliases_count_against_one_bucket() {
-    let (up, proxy) = start(
+    let (_up, proxy) = start(
         "routes:
   - { match: { path: /auth/login }, upstream: api, limits: [{ name: login, algorithm: fixed_window, key: ip, limit: 3, window: 1h }] }
   - { match: { path_prefix: / }, upstream: api }
@@ -351,7 +351,7 @@ routes:
 #[tokio::test]
 async fn webhook_sources_and_signatures() {
     let secret = "github-webhook-secret-123";
-    let (up, proxy) = start(&format!(
+    let (_up, proxy) = start(&format!(
         "routes:
   - match: {{ path: /hooks/local }}
     upstream: api
