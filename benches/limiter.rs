@@ -103,10 +103,7 @@ fn key_into(buf: &mut String, i: usize) -> &str {
 }
 
 fn setup(alg: &Algorithm, size: u64) -> (Arc<MemoryStore>, Arc<Limit>) {
-    let store = MemoryStore::new(&[ZoneSpec {
-        algorithm: alg.clone(),
-        size_bytes: size,
-    }]);
+    let store = MemoryStore::new(&[ZoneSpec { size_bytes: size }]);
     (
         Arc::new(store),
         Arc::new(Limit {

@@ -16,7 +16,9 @@ use super::raw::{RawClientIp, RawIdentity, RawJwt};
 use super::units::parse_duration;
 
 /// Problems as (path, message).
-pub type Problems = Vec<(String, String)>;
+use super::Problem;
+
+pub type Problems = Vec<Problem>;
 
 pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIpConfig {
     let mut out = ClientIpConfig::default();
@@ -29,7 +31,7 @@ pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIp
         .filter_map(|(i, t)| match parse_cidr(&t.0) {
             Ok(net) => Some(net),
             Err(e) => {
-                problems.push((format!("client_ip.trusted_proxies[{i}]"), e));
+                problems.push(Problem::new(format!("client_ip.trusted_proxies[{i}]"), e));
                 None
             }
         })
@@ -45,7 +47,7 @@ pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIp
                 "true-client-ip" => Some(ForwardHeader::TrueClientIp),
                 "forwarded" => Some(ForwardHeader::Forwarded),
                 _ => {
-                    problems.push((
+                    problems.push(Problem::new(
                         format!("client_ip.headers[{i}]"),
                         format!("expected one of x-forwarded-for, x-real-ip, cf-connecting-ip, true-client-ip, forwarded; got \"{h}\""),
                     ));
@@ -70,7 +72,7 @@ fn prefix(
     match t.0.trim().trim_start_matches('/').parse::<u8>() {
         Ok(n) if (1..=max).contains(&n) => n,
         _ => {
-            problems.push((
+            problems.push(Problem::new(
                 path.to_owned(),
                 format!("expected a prefix length from 1 to {max}, got \"{t}\""),
             ));
@@ -123,8 +125,8 @@ pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<Id
         None | Some("anonymous") => OnInvalid::Anonymous,
         Some("reject") => OnInvalid::Reject,
         Some(other) => {
-            problems.push((
-                "identity.on_invalid".into(),
+            problems.push(Problem::new(
+                "identity.on_invalid",
                 format!("expected \"anonymous\" or \"reject\", got \"{other}\""),
             ));
             OnInvalid::Anonymous
@@ -136,8 +138,8 @@ pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<Id
             .and_then(|k| match HeaderName::from_bytes(k.header.as_bytes()) {
                 Ok(h) => Some(h),
                 Err(_) => {
-                    problems.push((
-                        "identity.api_key.header".into(),
+                    problems.push(Problem::new(
+                        "identity.api_key.header",
                         format!("\"{}\" is not a valid header name", k.header),
                     ));
                     None
@@ -145,7 +147,7 @@ pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<Id
             });
     let jwt = raw.jwt.as_ref().and_then(|j| jwt(j, problems));
     if raw.jwt.is_none() && raw.api_key.is_none() {
-        problems.push(("identity".into(), "configure jwt, api_key, or both".into()));
+        problems.push(Problem::new("identity", "configure jwt, api_key, or both"));
     }
     Some(IdentityConfig {
         jwt,
@@ -164,16 +166,16 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
             "HS512" => algorithms.push(Algorithm::HS512),
             "RS256" => algorithms.push(Algorithm::RS256),
             "ES256" => algorithms.push(Algorithm::ES256),
-            _ => problems.push((
+            _ => problems.push(Problem::new(
                 format!("{path}.algorithms[{i}]"),
                 format!("expected HS256, HS384, HS512, RS256 or ES256, got \"{name}\""),
             )),
         }
     }
     if raw.algorithms.is_empty() {
-        problems.push((
+        problems.push(Problem::new(
             format!("{path}.algorithms"),
-            "list at least one algorithm, e.g. [HS256]".into(),
+            "list at least one algorithm, e.g. [HS256]",
         ));
     }
     let hmac = algorithms
@@ -183,17 +185,17 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
         .iter()
         .any(|a| matches!(a, Algorithm::RS256 | Algorithm::ES256));
     if hmac && public {
-        problems.push((
+        problems.push(Problem::new(
             format!("{path}.algorithms"),
             "mixing HMAC (HS*) with public-key algorithms lets a public key be used as an HMAC secret; pick one family"
-                .into(),
+                ,
         ));
         return None;
     }
     let keys = match (&raw.secret, &raw.public_key, &raw.jwks) {
         (Some(secret), None, None) if hmac => {
             if secret.len() < 32 {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.secret"),
                     format!(
                         "an HMAC secret needs at least 32 bytes, this one has {}",
@@ -208,17 +210,16 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
         }
         (None, None, Some(file)) if public => load_jwks(file, &format!("{path}.jwks"), problems),
         _ if hmac => {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.secret"),
-                "HS* algorithms need secret (and no public_key or jwks)".into(),
+                "HS* algorithms need secret (and no public_key or jwks)",
             ));
             None
         }
         _ => {
-            problems.push((
-                path.into(),
-                "RS256/ES256 need exactly one of public_key (a PEM file) or jwks (a JWKS file)"
-                    .into(),
+            problems.push(Problem::new(
+                path,
+                "RS256/ES256 need exactly one of public_key (a PEM file) or jwks (a JWKS file)",
             ));
             None
         }
@@ -230,7 +231,7 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
         Some(t) => match parse_duration(&t.0) {
             Ok(d) => d.as_secs(),
             Err(e) => {
-                problems.push((format!("{path}.leeway"), e));
+                problems.push(Problem::new(format!("{path}.leeway"), e));
                 30
             }
         },
@@ -246,9 +247,9 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
     }
     let source = match (&raw.header, &raw.cookie) {
         (Some(_), Some(_)) => {
-            problems.push((
-                path.into(),
-                "read the token from header or cookie, not both".into(),
+            problems.push(Problem::new(
+                path,
+                "read the token from header or cookie, not both",
             ));
             return None;
         }
@@ -257,7 +258,10 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
             match HeaderName::from_bytes(h.as_deref().unwrap_or("authorization").as_bytes()) {
                 Ok(name) => TokenSource::Header(name),
                 Err(_) => {
-                    problems.push((format!("{path}.header"), "not a valid header name".into()));
+                    problems.push(Problem::new(
+                        format!("{path}.header"),
+                        "not a valid header name",
+                    ));
                     return None;
                 }
             }
@@ -280,7 +284,7 @@ fn load_pem_key(
     let pem = match std::fs::read(file) {
         Ok(p) => p,
         Err(e) => {
-            problems.push((path.into(), format!("cannot read {file}: {e}")));
+            problems.push(Problem::new(path, format!("cannot read {file}: {e}")));
             return None;
         }
     };
@@ -292,8 +296,8 @@ fn load_pem_key(
     match key {
         Ok(k) => Some(JwtKeys::Single(k)),
         Err(e) => {
-            problems.push((
-                path.into(),
+            problems.push(Problem::new(
+                path,
                 format!("{file} is not a usable PEM public key: {e}"),
             ));
             None
@@ -305,14 +309,17 @@ fn load_jwks(file: &str, path: &str, problems: &mut Problems) -> Option<JwtKeys>
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) => {
-            problems.push((path.into(), format!("cannot read {file}: {e}")));
+            problems.push(Problem::new(path, format!("cannot read {file}: {e}")));
             return None;
         }
     };
     let set: jsonwebtoken::jwk::JwkSet = match serde_json::from_str(&text) {
         Ok(s) => s,
         Err(e) => {
-            problems.push((path.into(), format!("{file} is not a JWKS document: {e}")));
+            problems.push(Problem::new(
+                path,
+                format!("{file} is not a JWKS document: {e}"),
+            ));
             return None;
         }
     };
@@ -320,14 +327,14 @@ fn load_jwks(file: &str, path: &str, problems: &mut Problems) -> Option<JwtKeys>
     for (i, jwk) in set.keys.iter().enumerate() {
         match DecodingKey::from_jwk(jwk) {
             Ok(k) => keys.push((jwk.common.key_id.clone(), k)),
-            Err(e) => problems.push((
+            Err(e) => problems.push(Problem::new(
                 format!("{path}.keys[{i}]"),
                 format!("unusable key in {file}: {e}"),
             )),
         }
     }
     if keys.is_empty() {
-        problems.push((path.into(), format!("{file} holds no usable key")));
+        problems.push(Problem::new(path, format!("{file} holds no usable key")));
         return None;
     }
     Some(JwtKeys::Set(keys))

@@ -18,7 +18,9 @@ use crate::limiter::memory::ZoneSpec;
 use crate::limiter::{Algorithm, Limit};
 use crate::pipeline::key::KeyKind;
 
-pub type Problems = Vec<(String, String)>;
+use super::Problem;
+
+pub type Problems = Vec<Problem>;
 
 const DEFAULT_SIZE: u64 = 10 << 20;
 
@@ -31,7 +33,10 @@ fn count<T: std::str::FromStr>(
     match v {
         None => default,
         Some(t) => t.0.trim().parse().unwrap_or_else(|_| {
-            problems.push((path.into(), format!("expected a whole number, got \"{t}\"")));
+            problems.push(Problem::new(
+                path,
+                format!("expected a whole number, got \"{t}\""),
+            ));
             default
         }),
     }
@@ -41,7 +46,7 @@ fn size(v: &Option<Text>, path: &str, problems: &mut Problems) -> u64 {
     match v {
         None => DEFAULT_SIZE,
         Some(t) => parse_size(&t.0).unwrap_or_else(|e| {
-            problems.push((path.into(), e));
+            problems.push(Problem::new(path, e));
             DEFAULT_SIZE
         }),
     }
@@ -51,7 +56,7 @@ fn key_kind(v: &Option<String>, path: &str, default: KeyKind, problems: &mut Pro
     match v {
         None => default,
         Some(k) => k.parse().unwrap_or_else(|e| {
-            problems.push((path.into(), e));
+            problems.push(Problem::new(path, e));
             default
         }),
     }
@@ -83,7 +88,7 @@ pub fn zones(
     let mut out: Vec<ZoneConfig> = Vec::new();
     for (path, z) in raw {
         if out.iter().any(|o| &*o.limit.name == z.name.as_str()) {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.name"),
                 format!("zone \"{}\" is defined twice", z.name),
             ));
@@ -91,14 +96,14 @@ pub fn zones(
         let (n, period) = match parse_rate(&z.rate.0) {
             Ok(r) if r.1 <= 60_000 => r,
             Ok(_) => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.rate"),
-                    "zones take r/s or r/m, like nginx".into(),
+                    "zones take r/s or r/m, like nginx",
                 ));
                 (1, 1000)
             }
             Err(e) => {
-                problems.push((format!("{path}.rate"), e));
+                problems.push(Problem::new(format!("{path}.rate"), e));
                 (1, 1000)
             }
         };
@@ -107,7 +112,10 @@ pub fn zones(
         let burst = count(&z.burst, &format!("{path}.burst"), 0u64, problems);
         let delay = match (z.nodelay, &z.delay) {
             (Some(true), Some(_)) => {
-                problems.push((path.clone(), "give nodelay or delay, not both".into()));
+                problems.push(Problem::new(
+                    path.clone(),
+                    "give nodelay or delay, not both",
+                ));
                 u64::MAX
             }
             (Some(true), None) => u64::MAX,
@@ -117,7 +125,7 @@ pub fn zones(
         let status = match status {
             429 | 503 => StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
             other => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.status"),
                     format!("expected 429 or 503, got {other}"),
                 ));
@@ -130,18 +138,20 @@ pub fn zones(
             delay,
         };
         if let Err(e) = algorithm.validate() {
-            problems.push((format!("{path}.rate"), e));
+            problems.push(Problem::new(format!("{path}.rate"), e));
         }
         let max_conn = z
             .max_conn
             .as_ref()
             .map(|_| count(&z.max_conn, &format!("{path}.max_conn"), 0u32, problems));
         if max_conn == Some(0) {
-            problems.push((format!("{path}.max_conn"), "must be at least 1".into()));
+            problems.push(Problem::new(
+                format!("{path}.max_conn"),
+                "must be at least 1",
+            ));
         }
         let zone_index = specs.len();
         specs.push(ZoneSpec {
-            algorithm: algorithm.clone(),
             size_bytes: size(&z.size, &format!("{path}.size"), problems),
         });
         out.push(ZoneConfig {
@@ -167,7 +177,7 @@ pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig 
     let mut out = BypassConfig::default();
     for (i, p) in raw.paths.iter().flatten().enumerate() {
         if !p.starts_with('/') {
-            problems.push((
+            problems.push(Problem::new(
                 format!("bypass.paths[{i}]"),
                 format!("must start with \"/\", got \"{p}\""),
             ));
@@ -177,7 +187,7 @@ pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig 
     for (i, t) in raw.tokens.iter().flatten().enumerate() {
         if t.len() < 16 {
             // The token itself is never printed.
-            problems.push((
+            problems.push(Problem::new(
                 format!("bypass.tokens[{i}]"),
                 format!(
                     "a bypass token needs at least 16 characters, this one has {}",
@@ -191,8 +201,8 @@ pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig 
         let name = raw.header.as_deref().unwrap_or("x-bypass-token");
         match HeaderName::from_bytes(name.as_bytes()) {
             Ok(h) => out.header = Some(h),
-            Err(_) => problems.push((
-                "bypass.header".into(),
+            Err(_) => problems.push(Problem::new(
+                "bypass.header",
                 format!("\"{name}\" is not a valid header name"),
             )),
         }
@@ -200,7 +210,7 @@ pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig 
     for (i, s) in raw.sources.iter().flatten().enumerate() {
         match parse_cidr(&s.0) {
             Ok(net) => out.sources.push(net),
-            Err(e) => problems.push((format!("bypass.sources[{i}]"), e)),
+            Err(e) => problems.push(Problem::new(format!("bypass.sources[{i}]"), e)),
         }
     }
     out
@@ -235,7 +245,7 @@ pub fn route(
             .filter_map(|(i, n)| {
                 let found = zone_index.get(n.as_str()).copied();
                 if found.is_none() {
-                    problems.push((
+                    problems.push(Problem::new(
                         format!("{path}.zones[{i}]"),
                         format!("no zone named \"{n}\""),
                     ));
@@ -252,7 +262,7 @@ pub fn route(
                 .iter()
                 .any(|x: &RouteLimit| &*x.limit.name == l.name.as_str())
             {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{lpath}.name"),
                     format!("\"{}\" is used twice on this route", l.name),
                 ));
@@ -268,7 +278,7 @@ pub fn route(
         Some("ietf") => (false, true),
         Some("none") => (false, false),
         Some(other) => {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.headers"),
                 format!("expected both, legacy, ietf or none, got \"{other}\""),
             ));
@@ -279,7 +289,7 @@ pub fn route(
         None | Some("seconds") => false,
         Some("epoch") => true,
         Some(other) => {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.reset"),
                 format!("expected seconds or epoch, got \"{other}\""),
             ));
@@ -291,7 +301,7 @@ pub fn route(
         Some(t) => match t.0.trim().parse::<f64>() {
             Ok(f) if (0.0..=1.0).contains(&f) => f,
             _ => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.warn_at"),
                     format!("expected a fraction from 0 to 1, got \"{t}\""),
                 ));
@@ -325,7 +335,7 @@ fn route_limit(
                 t.0.trim()
                     .parse::<u64>()
                     .map_err(|_| {
-                        problems.push((
+                        problems.push(Problem::new(
                             format!("{path}.limit"),
                             format!("expected a whole number, got \"{t}\""),
                         ));
@@ -333,7 +343,7 @@ fn route_limit(
                     .ok()?
             }
             None => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.limit"),
                     format!("{} needs limit and window", l.algorithm),
                 ));
@@ -342,10 +352,10 @@ fn route_limit(
         };
         let window = match &l.window {
             Some(t) => parse_duration(&t.0)
-                .map_err(|e| problems.push((format!("{path}.window"), e)))
+                .map_err(|e| problems.push(Problem::new(format!("{path}.window"), e)))
                 .ok()?,
             None => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.window"),
                     format!("{} needs limit and window", l.algorithm),
                 ));
@@ -357,10 +367,10 @@ fn route_limit(
     let bucket = |problems: &mut Problems| -> Option<(u64, u64, u64)> {
         let (amount, period) = match &l.rate {
             Some(t) => parse_rate(&t.0)
-                .map_err(|e| problems.push((format!("{path}.rate"), e)))
+                .map_err(|e| problems.push(Problem::new(format!("{path}.rate"), e)))
                 .ok()?,
             None => {
-                problems.push((
+                problems.push(Problem::new(
                     format!("{path}.rate"),
                     format!("{} needs rate (e.g. 5/s) and burst", l.algorithm),
                 ));
@@ -408,7 +418,7 @@ fn route_limit(
             )
         }
         other => {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.algorithm"),
                 format!("expected fixed_window, sliding_window, sliding_log, token_bucket or gcra, got \"{other}\""),
             ));
@@ -416,12 +426,12 @@ fn route_limit(
         }
     };
     if let Err(e) = algorithm.validate() {
-        problems.push((path.into(), e));
+        problems.push(Problem::new(path, e));
         return None;
     }
     let cost = count(&l.cost, &format!("{path}.cost"), 1u64, problems);
     if cost == 0 || cost > algorithm.policy().0 {
-        problems.push((
+        problems.push(Problem::new(
             format!("{path}.cost"),
             format!(
                 "must be from 1 to the limit ({}), got {cost}",
@@ -432,15 +442,14 @@ fn route_limit(
     let count_status = l.count.as_ref().map(|c| c.status.clone());
     if let Some(statuses) = &count_status {
         if statuses.is_empty() || statuses.iter().any(|s| !(100..=599).contains(s)) {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.count.status"),
-                "list HTTP statuses from 100 to 599, e.g. [401, 403]".into(),
+                "list HTTP statuses from 100 to 599, e.g. [401, 403]",
             ));
         }
     }
     let zone = specs.len();
     specs.push(ZoneSpec {
-        algorithm: algorithm.clone(),
         size_bytes: size(&l.size, &format!("{path}.size"), problems),
     });
     Some(RouteLimit {
@@ -468,15 +477,15 @@ fn webhook(path: &str, r: &RawRoute, problems: &mut Problems) -> Option<WebhookC
         .enumerate()
         .filter_map(|(i, s)| {
             parse_cidr(&s.0)
-                .map_err(|e| problems.push((format!("{path}.allow_sources[{i}]"), e)))
+                .map_err(|e| problems.push(Problem::new(format!("{path}.allow_sources[{i}]"), e)))
                 .ok()
         })
         .collect();
     let only_allowed = r.only_allowed_sources.unwrap_or(false);
     if only_allowed && r.allow_sources.is_none() {
-        problems.push((
+        problems.push(Problem::new(
             format!("{path}.only_allowed_sources"),
-            "needs allow_sources".into(),
+            "needs allow_sources",
         ));
     }
     let verify = r
@@ -496,7 +505,7 @@ fn verify(path: &str, v: &RawVerify, problems: &mut Problems) -> Option<VerifyCo
         "stripe" => (VerifyScheme::Stripe, "stripe-signature"),
         "hmac-sha256" => (VerifyScheme::HmacSha256, "x-signature"),
         other => {
-            problems.push((
+            problems.push(Problem::new(
                 format!("{path}.scheme"),
                 format!("expected github, stripe or hmac-sha256, got \"{other}\""),
             ));
@@ -504,7 +513,7 @@ fn verify(path: &str, v: &RawVerify, problems: &mut Problems) -> Option<VerifyCo
         }
     };
     if v.secret.len() < 16 {
-        problems.push((
+        problems.push(Problem::new(
             format!("{path}.secret"),
             format!(
                 "a signing secret needs at least 16 characters, this one has {}",
@@ -513,12 +522,17 @@ fn verify(path: &str, v: &RawVerify, problems: &mut Problems) -> Option<VerifyCo
         ));
     }
     let header = HeaderName::from_bytes(v.header.as_deref().unwrap_or(default_header).as_bytes())
-        .map_err(|_| problems.push((format!("{path}.header"), "not a valid header name".into())))
+        .map_err(|_| {
+            problems.push(Problem::new(
+                format!("{path}.header"),
+                "not a valid header name",
+            ))
+        })
         .ok()?;
     let tolerance = match &v.tolerance {
         None => Duration::from_secs(300),
         Some(t) => parse_duration(&t.0).unwrap_or_else(|e| {
-            problems.push((format!("{path}.tolerance"), e));
+            problems.push(Problem::new(format!("{path}.tolerance"), e));
             Duration::from_secs(300)
         }),
     };

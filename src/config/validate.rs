@@ -113,12 +113,8 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     let admin = admin(&mut c, &raw, &listeners);
     let (upstreams, index) = upstreams(&mut c, &raw.upstreams);
     let log = log(&mut c, &raw);
-    let mut found = Vec::new();
-    let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut found);
-    let identity = super::client::identity(raw.identity.as_ref(), &mut found);
-    for (path, message) in found {
-        c.report(path, message);
-    }
+    let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut c.problems);
+    let identity = super::client::identity(raw.identity.as_ref(), &mut c.problems);
     if client_ip.trusted_proxies.is_empty() {
         for (path, l) in &raw.listeners {
             if l.proxy_protocol == Some(true) {
@@ -129,13 +125,9 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             }
         }
     }
-    let mut found = Vec::new();
     let mut store_zones = Vec::new();
-    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut found);
-    let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut found);
-    for (path, message) in found {
-        c.report(path, message);
-    }
+    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut c.problems);
+    let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c.problems);
     let routes = routes(
         &mut c,
         raw.routes,
@@ -468,11 +460,7 @@ fn routes(
 ) -> Vec<RouteConfig> {
     let mut out: Vec<(RouteConfig, String)> = Vec::new();
     for (i, (path, r)) in raw.into_iter().enumerate() {
-        let mut found = Vec::new();
-        let extras = super::limits::route(&path, &r, zones, store_zones, &mut found);
-        for (p, message) in found {
-            c.report(p, message);
-        }
+        let extras = super::limits::route(&path, &r, zones, store_zones, &mut c.problems);
         let m = &r.matcher;
         let path_match = match (&m.path, &m.path_prefix) {
             (Some(p), None) => Some(PathMatch::Exact(p.clone())),

@@ -30,10 +30,10 @@ use super::{Check, Decision, LimiterError, Outcome, Store};
 /// How many cold keys each decision inspects for expiry (nginx: 1-2).
 const EXPIRE_PER_DECISION: usize = 2;
 
-/// One zone: where one limit keeps its keys.
+/// One zone: where one limit keeps its keys. The limit's algorithm comes
+/// with each check, so the zone only knows its size.
 #[derive(Debug, Clone)]
 pub struct ZoneSpec {
-    pub algorithm: Algorithm,
     /// Upper bound for this zone's memory.
     pub size_bytes: u64,
 }
@@ -48,7 +48,6 @@ pub struct MemoryStore {
 }
 
 struct Zone {
-    algorithm: Algorithm,
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -169,8 +168,8 @@ impl MemoryStore {
                 shard.charge(&check.limit.algorithm, idx, now, check.cost);
             }
         }
-        for (&(z, _), guard) in order.iter().zip(guards.iter_mut()) {
-            guard.expire(&self.zones[z].algorithm, now);
+        for (check, &(g, _)) in checks.iter().zip(&slots) {
+            guards[g].expire(&check.limit.algorithm, now);
         }
         Outcome { decisions }
     }
@@ -184,7 +183,7 @@ impl MemoryStore {
         if decision.admitted() && !check.peek {
             shard.charge(&check.limit.algorithm, idx, now, check.cost);
         }
-        shard.expire(&zone.algorithm, now);
+        shard.expire(&check.limit.algorithm, now);
         Outcome {
             decisions: vec![decision],
         }
@@ -228,7 +227,6 @@ impl Zone {
         // Sliding logs may spend up to the zone size again on their entries.
         let log_budget = spec.size_bytes as usize / shards;
         Zone {
-            algorithm: spec.algorithm.clone(),
             shards: (0..shards)
                 .map(|_| Mutex::new(Shard::new(per, log_budget)))
                 .collect(),

@@ -132,10 +132,6 @@ impl Server {
         self.admin.as_ref().and_then(|a| a.local_addr().ok())
     }
 
-    pub fn pipeline(&self) -> &Arc<Pipeline> {
-        &self.pipeline
-    }
-
     /// Serves until `shutdown` resolves, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);

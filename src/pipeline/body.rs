@@ -21,11 +21,45 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::response::RequestEnd;
 use super::upstream::pool::Pooled;
+
+/// A body's stall timer: how long it may make us wait between frames. It is
+/// armed only the first time the body is not ready (most small bodies never
+/// are, so they cost no timer), and pushed back on every frame after that.
+#[derive(Debug)]
+struct Stall {
+    timeout: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Stall {
+    fn new(timeout: Duration) -> Self {
+        Stall {
+            timeout,
+            sleep: None,
+        }
+    }
+
+    /// Call when the body is pending: whether `timeout` has passed since it
+    /// last made progress (or since it first made us wait).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let timeout = self.timeout;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        sleep.as_mut().poll(cx).is_ready()
+    }
+
+    /// Call when the body produced something.
+    fn progressed(&mut self) {
+        if let Some(sleep) = self.sleep.as_mut() {
+            sleep.as_mut().reset(Instant::now() + self.timeout);
+        }
+    }
+}
 
 /// Why the client's body stopped on its way upstream.
 #[derive(Debug)]
@@ -70,9 +104,7 @@ pub struct RequestBody {
     remaining: u64,
     limit: u64,
     /// Longest silence between body bytes (nginx `client_body_timeout`).
-    read_timeout: Duration,
-    /// Armed the first time the client makes us wait (most bodies never do).
-    stall: Option<Pin<Box<Sleep>>>,
+    stall: Stall,
 }
 
 impl RequestBody {
@@ -82,8 +114,7 @@ impl RequestBody {
             buffered: None,
             remaining: limit,
             limit,
-            read_timeout,
-            stall: None,
+            stall: Stall::new(read_timeout),
         }
     }
 
@@ -93,8 +124,7 @@ impl RequestBody {
             buffered: None,
             remaining: 0,
             limit: 0,
-            read_timeout: Duration::ZERO,
-            stall: None,
+            stall: Stall::new(Duration::ZERO),
         }
     }
 
@@ -105,8 +135,7 @@ impl RequestBody {
             buffered,
             remaining: 0,
             limit: 0,
-            read_timeout: Duration::ZERO,
-            stall: None,
+            stall: Stall::new(Duration::ZERO),
         }
     }
 }
@@ -128,19 +157,13 @@ impl Body for RequestBody {
         };
         let polled = Pin::new(inner).poll_frame(cx);
         if polled.is_pending() {
-            let timeout = this.read_timeout;
-            let stall = this
-                .stall
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-            if stall.as_mut().poll(cx).is_ready() {
+            if this.stall.expired(cx) {
                 this.inner = None;
-                return Poll::Ready(Some(Err(RequestBodyError::Timeout(timeout))));
+                return Poll::Ready(Some(Err(RequestBodyError::Timeout(this.stall.timeout))));
             }
             return Poll::Pending;
         }
-        if let Some(stall) = this.stall.as_mut() {
-            stall.as_mut().reset(Instant::now() + this.read_timeout);
-        }
+        this.stall.progressed();
         match ready!(polled) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -193,31 +216,25 @@ impl fmt::Display for ResponseBodyError {
 
 impl StdError for ResponseBodyError {}
 
-pin_project! {
-    /// The body of every response tollgate sends.
-    pub struct ProxyBody {
-        #[pin]
-        kind: Kind,
-        // Logs the request and releases the connection's in-flight count
-        // when the response is done (or abandoned).
-        end: Option<RequestEnd>,
-    }
+/// The body of every response tollgate sends.
+pub struct ProxyBody {
+    kind: Kind,
+    /// Logs the request and releases the connection's in-flight count when
+    /// the response is done (or abandoned).
+    end: Option<RequestEnd>,
 }
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind {
-        Full { data: Option<Bytes> },
-        Upstream {
-            inner: Incoming,
-            // Re-armed after every frame: nginx `proxy_read_timeout`.
-            #[pin]
-            idle: Sleep,
-            idle_timeout: Duration,
-            // Returned to the pool once the body has ended cleanly.
-            conn: Option<Pooled>,
-        },
-    }
+enum Kind {
+    Full {
+        data: Option<Bytes>,
+    },
+    Upstream {
+        inner: Incoming,
+        /// nginx `proxy_read_timeout`: the longest gap between frames.
+        stall: Stall,
+        /// Returned to the pool once the body has ended cleanly.
+        conn: Option<Pooled>,
+    },
 }
 
 impl ProxyBody {
@@ -252,8 +269,7 @@ impl ProxyBody {
         ProxyBody {
             kind: Kind::Upstream {
                 inner,
-                idle: tokio::time::sleep(idle_timeout),
-                idle_timeout,
+                stall: Stall::new(idle_timeout),
                 conn,
             },
             end: None,
@@ -273,15 +289,10 @@ impl Body for ProxyBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        let polled = match this.kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Upstream {
-                inner,
-                mut idle,
-                idle_timeout,
-                conn,
-            } => match Pin::new(&mut *inner).poll_frame(cx) {
+        let this = self.get_mut();
+        let polled = match &mut this.kind {
+            Kind::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Upstream { inner, stall, conn } => match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if inner.is_end_stream() {
                         // hyper stops polling once the length is reached,
@@ -290,7 +301,7 @@ impl Body for ProxyBody {
                             c.release();
                         }
                     } else {
-                        idle.as_mut().reset(Instant::now() + *idle_timeout);
+                        stall.progressed();
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }
@@ -304,13 +315,11 @@ impl Body for ProxyBody {
                     }
                     Poll::Ready(None)
                 }
-                Poll::Pending => match idle.poll(cx) {
-                    Poll::Ready(()) => {
-                        conn.take();
-                        Poll::Ready(Some(Err(ResponseBodyError::IdleTimeout(*idle_timeout))))
-                    }
-                    Poll::Pending => Poll::Pending,
-                },
+                Poll::Pending if stall.expired(cx) => {
+                    conn.take();
+                    Poll::Ready(Some(Err(ResponseBodyError::IdleTimeout(stall.timeout))))
+                }
+                Poll::Pending => Poll::Pending,
             },
         };
         if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {

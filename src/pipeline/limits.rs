@@ -70,10 +70,6 @@ impl Limiter {
         }
     }
 
-    pub fn zone_count(&self) -> usize {
-        self.zones.len()
-    }
-
     /// Whether a request skips every limit: a bypass path, a bypass token
     /// (compared as SHA-256 digests, in constant time), or a bypass source.
     pub fn bypassed(&self, path: &str, headers: &HeaderMap, client: std::net::IpAddr) -> bool {

@@ -95,27 +95,17 @@ impl Pipeline {
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             identity: config.identity.take(),
+            all_zones: (0..config.zones.len()).collect(),
             limiter: Limiter::new(
                 std::mem::take(&mut config.zones),
                 std::mem::take(&mut config.bypass),
                 &config.store_zones,
             ),
-            all_zones: Vec::new(),
         }
-        .with_all_zones()
-    }
-
-    fn with_all_zones(mut self) -> Self {
-        self.all_zones = (0..self.limiter.zone_count()).collect();
-        self
     }
 
     pub fn client_ip_config(&self) -> &ClientIpConfig {
         &self.client_ip
-    }
-
-    pub fn upstream(&self, name: &str) -> Option<&Arc<Upstream>> {
-        self.upstreams.iter().find(|u| &*u.name == name)
     }
 
     /// The outer handler: never fails, logs errors once, and settles the

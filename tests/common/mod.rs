@@ -375,7 +375,6 @@ async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
 pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
     pub admin: Option<SocketAddr>,
-    pub pipeline: Arc<tollgate::pipeline::Pipeline>,
     stop: Option<oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<()>>,
 }
@@ -387,7 +386,6 @@ impl TestProxy {
         let server = tollgate::Server::bind(config).await.expect("bind");
         let addrs = server.addrs();
         let admin = server.admin_addr();
-        let pipeline = server.pipeline().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
@@ -395,7 +393,6 @@ impl TestProxy {
         TestProxy {
             addrs,
             admin,
-            pipeline,
             stop: Some(stop),
             done: Some(done),
         }

@@ -17,13 +17,7 @@ fn limit(name: &str, algorithm: Algorithm, zone: usize) -> Limit {
 }
 
 fn store(limits: &[&Limit], size_bytes: u64) -> MemoryStore {
-    let zones: Vec<ZoneSpec> = limits
-        .iter()
-        .map(|l| ZoneSpec {
-            algorithm: l.algorithm.clone(),
-            size_bytes,
-        })
-        .collect();
+    let zones: Vec<ZoneSpec> = limits.iter().map(|_| ZoneSpec { size_bytes }).collect();
     MemoryStore::new(&zones)
 }
 

@@ -284,11 +284,6 @@ impl Upstream {
             reason: err.to_string(),
         }
     }
-
-    /// Idle pooled connections across targets (for tests and the admin API).
-    pub fn idle_connections(&self) -> usize {
-        self.targets.iter().map(|t| t.pool.idle_count()).sum()
-    }
 }
 
 async fn handshake<T>(io: T) -> Result<SendRequest<RequestBody>, String>

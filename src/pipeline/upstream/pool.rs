@@ -84,8 +84,4 @@ impl Pool {
         }
         None
     }
-
-    pub fn idle_count(&self) -> usize {
-        self.lock().len()
-    }
 }
