@@ -18,7 +18,7 @@ use super::key::{self, KeySource};
 use crate::config::{BypassConfig, ClientIpConfig, HeaderStyle, RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::memory::MemoryStore;
-use crate::limiter::{Check, Decision, Outcome, Verdict};
+use crate::limiter::{Check, Decision, Verdict};
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -129,52 +129,34 @@ impl Limiter {
                 }
             }
         }
-        // Like nginx, the zones of a request are charged only if all admit;
-        // dry-run zones are decided apart so they never change that.
-        let now = self.store.now_ms();
-        let mut delay = 0u64;
-        for dry in [false, true] {
-            let picked: Vec<&(usize, String)> = keys
-                .iter()
-                .filter(|(i, _)| self.zones[*i].dry_run == dry)
-                .collect();
-            if picked.is_empty() {
-                continue;
-            }
-            let checks: Vec<Check<'_>> = picked
-                .iter()
-                .map(|(i, k)| Check {
-                    limit: &self.zones[*i].limit,
-                    key: k,
-                    cost: 1,
-                    peek: false,
-                })
-                .collect();
-            let outcome = self.store.decide_at(&checks, now);
-            match outcome.verdict() {
-                Verdict::Allow => {}
-                Verdict::Delay(ms) if !dry => delay = ms,
-                Verdict::Delay(_) => {}
-                Verdict::Reject => {
-                    let Some(worst) = outcome.most_restrictive() else {
-                        continue;
-                    };
-                    let zone = &self.zones[picked[worst].0];
-                    if dry {
-                        tracing::info!(zone = %zone.limit.name, "dry run: would reject");
-                        continue;
-                    }
-                    let retry_ms = outcome.decisions[worst].retry_after_ms;
-                    return Err(rejected(
-                        &zone.limit.name,
-                        &zone.rate_text,
-                        retry_ms,
-                        zone.status,
-                        HeaderMap::new(),
-                    ));
-                }
-            }
+        // Like nginx, the zones of a request are charged only if all admit.
+        let items: Vec<(Check<'_>, bool)> = keys
+            .iter()
+            .map(|(i, k)| {
+                let zone = &self.zones[*i];
+                (
+                    Check {
+                        limit: &zone.limit,
+                        key: k,
+                        cost: 1,
+                        peek: false,
+                    },
+                    zone.dry_run,
+                )
+            })
+            .collect();
+        let decided = self.decide_groups(&items, self.store.now_ms());
+        if let Some((worst, d)) = decided.rejected_by {
+            let zone = &self.zones[keys[worst].0];
+            return Err(rejected(
+                &zone.limit.name,
+                &zone.rate_text,
+                d.retry_after_ms,
+                zone.status,
+                HeaderMap::new(),
+            ));
         }
+        let delay = decided.delay;
         if delay > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
         }
@@ -198,66 +180,105 @@ impl Limiter {
             .iter()
             .map(|l| key::build(&l.key, src, cfg).map(|k| k.to_string()))
             .collect();
-        let now = self.store.now_ms();
-        for dry in [false, true] {
-            let mut picked = Vec::new();
-            let mut checks = Vec::new();
-            for (i, (l, k)) in route.limits.iter().zip(&keys).enumerate() {
-                let Some(k) = k else { continue };
-                if l.dry_run != dry {
-                    continue;
-                }
-                checks.push(Check {
+        let items: Vec<(Check<'_>, bool)> = route
+            .limits
+            .iter()
+            .zip(&keys)
+            .filter_map(|(l, k)| {
+                let check = Check {
                     limit: &l.limit,
-                    key: k,
+                    key: k.as_deref()?,
                     cost: l.cost,
                     peek: l.count_status.is_some(),
-                });
-                picked.push(i);
-            }
-            if checks.is_empty() {
-                continue;
-            }
-            let outcome: Outcome = self.store.decide_at(&checks, now);
-            for (&i, d) in picked.iter().zip(&outcome.decisions) {
-                out.applied.push(Applied {
-                    name: route.limits[i].limit.name.clone(),
-                    decision: *d,
-                });
-                if route.limits[i].count_status.is_some() && d.admitted() {
-                    if let Some(k) = &keys[i] {
-                        out.deferred.push((i, k.clone()));
-                    }
-                }
-            }
-            if outcome.verdict() == Verdict::Reject {
-                let Some(worst) = outcome.most_restrictive() else {
-                    continue;
                 };
-                let limit = &route.limits[picked[worst]];
-                if dry {
-                    tracing::info!(limit = %limit.limit.name, "dry run: would reject");
-                    continue;
-                }
-                let mut headers = HeaderMap::new();
-                add_headers(
-                    &mut headers,
-                    route.headers,
-                    route.warn_at,
-                    &out.applied,
-                    true,
-                );
-                let retry_ms = outcome.decisions[worst].retry_after_ms;
-                return Err(rejected(
-                    &limit.limit.name,
-                    &limit.description,
-                    retry_ms,
-                    StatusCode::TOO_MANY_REQUESTS,
-                    headers,
-                ));
+                Some((check, l.dry_run))
+            })
+            .collect();
+        // Limits whose key does not apply to this request are skipped.
+        let index: Vec<usize> = keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        let decided = self.decide_groups(&items, self.store.now_ms());
+        for &(item, d) in &decided.decisions {
+            let limit = &route.limits[index[item]];
+            out.applied.push(Applied {
+                name: limit.limit.name.clone(),
+                decision: d,
+            });
+            if limit.count_status.is_some() && d.admitted() {
+                out.deferred
+                    .push((index[item], items[item].0.key.to_owned()));
             }
         }
+        if let Some((worst, d)) = decided.rejected_by {
+            let limit = &route.limits[index[worst]];
+            let mut headers = HeaderMap::new();
+            add_headers(
+                &mut headers,
+                route.headers,
+                route.warn_at,
+                &out.applied,
+                true,
+            );
+            return Err(rejected(
+                &limit.limit.name,
+                &limit.description,
+                d.retry_after_ms,
+                StatusCode::TOO_MANY_REQUESTS,
+                headers,
+            ));
+        }
         Ok(out)
+    }
+
+    /// Decides `items` (a check and whether it is a dry run) in two groups:
+    /// the enforced checks together, all or nothing, then the dry-run ones
+    /// apart, so a dry-run limit never changes what the others charge. An
+    /// enforced rejection stops there: the dry-run limits do not count a
+    /// request that is refused anyway.
+    fn decide_groups(&self, items: &[(Check<'_>, bool)], now: u64) -> Decided {
+        let mut out = Decided {
+            decisions: Vec::with_capacity(items.len()),
+            rejected_by: None,
+            delay: 0,
+        };
+        for dry in [false, true] {
+            let picked: Vec<usize> = (0..items.len()).filter(|&i| items[i].1 == dry).collect();
+            if picked.is_empty() {
+                continue;
+            }
+            let checks: Vec<Check<'_>> = picked.iter().map(|&i| items[i].0).collect();
+            let outcome = self.store.decide_at(&checks, now);
+            out.decisions.extend(
+                picked
+                    .iter()
+                    .copied()
+                    .zip(outcome.decisions.iter().copied()),
+            );
+            match outcome.verdict() {
+                Verdict::Allow => {}
+                Verdict::Delay(ms) => {
+                    if !dry {
+                        out.delay = ms;
+                    }
+                }
+                Verdict::Reject => {
+                    let Some(worst) = outcome.most_restrictive() else {
+                        continue;
+                    };
+                    if dry {
+                        tracing::info!(limit = %checks[worst].limit.name, "dry run: would reject");
+                        continue;
+                    }
+                    out.rejected_by = Some((picked[worst], outcome.decisions[worst]));
+                    return out;
+                }
+            }
+        }
+        out
     }
 
     /// Charges the limits that count only some statuses, now that the
@@ -277,6 +298,16 @@ impl Limiter {
             }
         }
     }
+}
+
+/// What [`Limiter::decide_groups`] found.
+struct Decided {
+    /// (index into the items, decision), enforced group first.
+    decisions: Vec<(usize, Decision)>,
+    /// The enforced item that rejected (the most restrictive one).
+    rejected_by: Option<(usize, Decision)>,
+    /// How long the enforced group says to wait (nginx delay).
+    delay: u64,
 }
 
 /// The 429 (or 503) for a limit that rejected, with its retry advice.
