@@ -128,9 +128,9 @@ async fn hop_by_hop_headers_and_client_forwarding_headers_are_removed() {
     for gone in ["x-internal", "keep-alive", "forwarded", "te"] {
         assert!(h.get(gone).is_none(), "{gone} reached the upstream: {h}");
     }
-    // tollgate's own keep-alive to the upstream is fine; the client's
-    // Connection header is not passed on.
-    assert_ne!(h["connection"], "keep-alive, X-Forwarded-For, X-Internal");
+    // The client's Connection header is not passed on (tollgate's HTTP/1.1
+    // leg to the upstream needs none).
+    assert!(h.get("connection").is_none(), "{h}");
 
     // `Connection: close, X-Forwarded-For` from the issue.
     let mut c = h1(proxy.addr()).await;
