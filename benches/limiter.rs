@@ -114,6 +114,23 @@ fn setup(alg: &Algorithm, size: u64) -> (Arc<MemoryStore>, Arc<Limit>) {
     )
 }
 
+/// One request of cost 1 on `key`.
+fn one<'a>(limit: &'a Limit, key: &'a str) -> [Check<'a>; 1] {
+    [Check {
+        limit,
+        key,
+        cost: 1,
+        peek: false,
+    }]
+}
+
+/// Tracks keys 0..MANY in the store.
+fn fill(store: &MemoryStore, limit: &Limit, buf: &mut String, now: u64) {
+    for i in 0..MANY {
+        let _ = store.decide_at(&one(limit, key_into(buf, i)), now);
+    }
+}
+
 /// Live heap bytes per tracked key once a zone sized for `MANY` keys is full.
 fn bytes_per_key() {
     println!("\nbytes per tracked key ({MANY} keys; ENTRY_BYTES budget = {ENTRY_BYTES}):");
@@ -123,18 +140,7 @@ fn bytes_per_key() {
         let (store, limit) = setup(&alg, (MANY * ENTRY_BYTES) as u64);
         let empty = LIVE.load(Ordering::Relaxed) - before;
         let now = store.now_ms();
-        for i in 0..MANY {
-            let key = key_into(&mut buf, i);
-            let _ = store.decide_at(
-                &[Check {
-                    limit: &limit,
-                    key,
-                    cost: 1,
-                    peek: false,
-                }],
-                now,
-            );
-        }
+        fill(&store, &limit, &mut buf, now);
         let stats = store.stats(0);
         let used = LIVE.load(Ordering::Relaxed) - before;
         println!(
@@ -162,47 +168,18 @@ fn bench(c: &mut Criterion) {
         let (store, limit) = setup(&alg, 256 << 20);
         group.bench_function("1 key, 1 thread", |b| {
             let now = store.now_ms();
-            b.iter(|| {
-                store.decide_at(
-                    black_box(&[Check {
-                        limit: &limit,
-                        key: "ip:10.0.0.1",
-                        cost: 1,
-                        peek: false,
-                    }]),
-                    now,
-                )
-            })
+            b.iter(|| store.decide_at(black_box(&one(&limit, "ip:10.0.0.1")), now))
         });
 
         let (store, limit) = setup(&alg, 256 << 20);
         let now = store.now_ms();
-        for i in 0..MANY {
-            let key = key_into(&mut buf, i);
-            let _ = store.decide_at(
-                &[Check {
-                    limit: &limit,
-                    key,
-                    cost: 1,
-                    peek: false,
-                }],
-                now,
-            );
-        }
+        fill(&store, &limit, &mut buf, now);
         group.bench_function("1M keys, 1 thread", |b| {
             let mut i = 0usize;
             b.iter(|| {
                 i = (i + 7919) % MANY;
                 let key = key_into(&mut buf, i);
-                store.decide_at(
-                    black_box(&[Check {
-                        limit: &limit,
-                        key,
-                        cost: 1,
-                        peek: false,
-                    }]),
-                    now,
-                )
+                store.decide_at(black_box(&one(&limit, key)), now)
             })
         });
 
@@ -223,15 +200,7 @@ fn bench(c: &mut Criterion) {
                                     } else {
                                         "ip:10.0.0.1"
                                     };
-                                    let _ = store.decide_at(
-                                        &[Check {
-                                            limit,
-                                            key,
-                                            cost: 1,
-                                            peek: false,
-                                        }],
-                                        now,
-                                    );
+                                    let _ = store.decide_at(&one(limit, key), now);
                                 }
                             });
                         }

@@ -214,7 +214,10 @@ fn sliding_logs_count_against_the_zone() {
         }
     }
     let st = s.stats(0);
-    assert!(st.evictions > 0, "the logs outgrew the zone, so keys were evicted: {st:?}");
+    assert!(
+        st.evictions > 0,
+        "the logs outgrew the zone, so keys were evicted: {st:?}"
+    );
     assert!(st.log_bytes <= 64 * 1024 + 64 * 1024 / 16, "{st:?}");
 }
 
