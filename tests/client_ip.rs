@@ -94,21 +94,24 @@ async fn via_proxy_protocol(addr: std::net::SocketAddr, header: &[u8]) -> String
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[tokio::test]
-async fn proxy_protocol_from_a_trusted_peer_sets_the_client() {
+/// A PROXY-protocol listener trusting `trusted`, in front of an upstream.
+async fn proxy_protocol_listener(trusted: &str) -> (Upstream, TestProxy) {
     let up = Upstream::spawn().await;
     let yaml = with_client_ip(
         &up,
-        "{ trusted_proxies: ['127.0.0.0/8'] }",
+        &format!("{{ trusted_proxies: ['{trusted}'] }}"),
         ", proxy_protocol: true",
     );
     let proxy = TestProxy::spawn(&yaml).await;
+    (up, proxy)
+}
 
-    let out = via_proxy_protocol(
-        proxy.addr(),
-        b"PROXY TCP4 203.0.113.50 10.0.0.1 40000 443\r\n",
-    )
-    .await;
+const V1_HEADER: &[u8] = b"PROXY TCP4 203.0.113.50 10.0.0.1 40000 443\r\n";
+
+#[tokio::test]
+async fn proxy_protocol_from_a_trusted_peer_sets_the_client() {
+    let (up, proxy) = proxy_protocol_listener("127.0.0.0/8").await;
+    let out = via_proxy_protocol(proxy.addr(), V1_HEADER).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert!(out.contains("\"x-real-ip\":\"203.0.113.50\""), "{out}");
 
@@ -128,18 +131,8 @@ async fn proxy_protocol_from_a_trusted_peer_sets_the_client() {
 
 #[tokio::test]
 async fn proxy_protocol_from_an_untrusted_peer_is_refused() {
-    let up = Upstream::spawn().await;
-    let yaml = with_client_ip(
-        &up,
-        "{ trusted_proxies: ['10.0.0.0/8'] }",
-        ", proxy_protocol: true",
-    );
-    let proxy = TestProxy::spawn(&yaml).await;
-    let out = via_proxy_protocol(
-        proxy.addr(),
-        b"PROXY TCP4 203.0.113.50 10.0.0.1 40000 443\r\n",
-    )
-    .await;
+    let (up, proxy) = proxy_protocol_listener("10.0.0.0/8").await;
+    let out = via_proxy_protocol(proxy.addr(), V1_HEADER).await;
     assert!(
         out.is_empty(),
         "an untrusted peer's connection is closed: {out}"

@@ -318,7 +318,11 @@ impl Pipeline {
             (HostHeader::Target | HostHeader::Preserve, _) => upstream.target_host_value(),
         };
         parts.headers.insert(HOST, host);
-        parts.uri = origin_form(&parts.uri);
+        if parts.uri.authority().is_some() {
+            // HTTP/2 and absolute-form requests; HTTP/1.1 ones already are
+            // origin-form.
+            parts.uri = origin_form(&parts.uri);
+        }
         parts.version = Version::HTTP_11;
         let body = match verify {
             None => RequestBody::new(body, max_body, self.body_read_timeout),
