@@ -4,6 +4,7 @@
 //! loaded here so `tollgate check` catches an unreadable key.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
@@ -13,14 +14,11 @@ use super::compiled::{
     ClientIpConfig, ForwardHeader, IdentityConfig, JwtConfig, JwtKeys, OnInvalid, TokenSource,
 };
 use super::raw::{RawClientIp, RawIdentity, RawJwt};
-use super::units::parse_duration;
 
 /// Problems as (path, message).
-use super::Problem;
+use super::checker::Checker;
 
-pub type Problems = Vec<Problem>;
-
-pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIpConfig {
+pub fn client_ip(raw: Option<&RawClientIp>, c: &mut Checker) -> ClientIpConfig {
     let mut out = ClientIpConfig::default();
     let Some(raw) = raw else { return out };
     out.trusted_proxies = raw
@@ -31,7 +29,7 @@ pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIp
         .filter_map(|(i, t)| match parse_cidr(&t.0) {
             Ok(net) => Some(net),
             Err(e) => {
-                problems.push(Problem::new(format!("client_ip.trusted_proxies[{i}]"), e));
+                c.report(format!("client_ip.trusted_proxies[{i}]"), e);
                 None
             }
         })
@@ -47,35 +45,29 @@ pub fn client_ip(raw: Option<&RawClientIp>, problems: &mut Problems) -> ClientIp
                 "true-client-ip" => Some(ForwardHeader::TrueClientIp),
                 "forwarded" => Some(ForwardHeader::Forwarded),
                 _ => {
-                    problems.push(Problem::new(
+                    c.report(
                         format!("client_ip.headers[{i}]"),
                         format!("expected one of x-forwarded-for, x-real-ip, cf-connecting-ip, true-client-ip, forwarded; got \"{h}\""),
-                    ));
+                    );
                     None
                 }
             })
             .collect();
     }
-    out.ipv4_prefix = prefix(&raw.ipv4_prefix, "client_ip.ipv4_prefix", 32, 32, problems);
-    out.ipv6_prefix = prefix(&raw.ipv6_prefix, "client_ip.ipv6_prefix", 64, 128, problems);
+    out.ipv4_prefix = prefix(&raw.ipv4_prefix, "client_ip.ipv4_prefix", 32, 32, c);
+    out.ipv6_prefix = prefix(&raw.ipv6_prefix, "client_ip.ipv6_prefix", 64, 128, c);
     out
 }
 
-fn prefix(
-    v: &Option<super::raw::Text>,
-    path: &str,
-    default: u8,
-    max: u8,
-    problems: &mut Problems,
-) -> u8 {
+fn prefix(v: &Option<super::raw::Text>, path: &str, default: u8, max: u8, c: &mut Checker) -> u8 {
     let Some(t) = v else { return default };
     match t.0.trim().trim_start_matches('/').parse::<u8>() {
         Ok(n) if (1..=max).contains(&n) => n,
         _ => {
-            problems.push(Problem::new(
+            c.report(
                 path.to_owned(),
                 format!("expected a prefix length from 1 to {max}, got \"{t}\""),
-            ));
+            );
             default
         }
     }
@@ -119,16 +111,16 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
     Ok(net)
 }
 
-pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<IdentityConfig> {
+pub fn identity(raw: Option<&RawIdentity>, c: &mut Checker) -> Option<IdentityConfig> {
     let raw = raw?;
     let on_invalid = match raw.on_invalid.as_deref() {
         None | Some("anonymous") => OnInvalid::Anonymous,
         Some("reject") => OnInvalid::Reject,
         Some(other) => {
-            problems.push(Problem::new(
+            c.report(
                 "identity.on_invalid",
                 format!("expected \"anonymous\" or \"reject\", got \"{other}\""),
-            ));
+            );
             OnInvalid::Anonymous
         }
     };
@@ -138,16 +130,16 @@ pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<Id
             .and_then(|k| match HeaderName::from_bytes(k.header.as_bytes()) {
                 Ok(h) => Some(h),
                 Err(_) => {
-                    problems.push(Problem::new(
+                    c.report(
                         "identity.api_key.header",
                         format!("\"{}\" is not a valid header name", k.header),
-                    ));
+                    );
                     None
                 }
             });
-    let jwt = raw.jwt.as_ref().and_then(|j| jwt(j, problems));
+    let jwt = raw.jwt.as_ref().and_then(|j| jwt(j, c));
     if raw.jwt.is_none() && raw.api_key.is_none() {
-        problems.push(Problem::new("identity", "configure jwt, api_key, or both"));
+        c.report("identity", "configure jwt, api_key, or both");
     }
     Some(IdentityConfig {
         jwt,
@@ -156,7 +148,7 @@ pub fn identity(raw: Option<&RawIdentity>, problems: &mut Problems) -> Option<Id
     })
 }
 
-fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
+fn jwt(raw: &RawJwt, c: &mut Checker) -> Option<JwtConfig> {
     let path = "identity.jwt";
     let mut algorithms = Vec::new();
     for (i, name) in raw.algorithms.iter().enumerate() {
@@ -166,17 +158,17 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
             "HS512" => algorithms.push(Algorithm::HS512),
             "RS256" => algorithms.push(Algorithm::RS256),
             "ES256" => algorithms.push(Algorithm::ES256),
-            _ => problems.push(Problem::new(
+            _ => c.report(
                 format!("{path}.algorithms[{i}]"),
                 format!("expected HS256, HS384, HS512, RS256 or ES256, got \"{name}\""),
-            )),
+            ),
         }
     }
     if raw.algorithms.is_empty() {
-        problems.push(Problem::new(
+        c.report(
             format!("{path}.algorithms"),
             "list at least one algorithm, e.g. [HS256]",
-        ));
+        );
     }
     let hmac = algorithms
         .iter()
@@ -185,57 +177,54 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
         .iter()
         .any(|a| matches!(a, Algorithm::RS256 | Algorithm::ES256));
     if hmac && public {
-        problems.push(Problem::new(
+        c.report(
             format!("{path}.algorithms"),
             "mixing HMAC (HS*) with public-key algorithms lets a public key be used as an HMAC secret; pick one family"
                 ,
-        ));
+        );
         return None;
     }
     let keys = match (&raw.secret, &raw.public_key, &raw.jwks) {
         (Some(secret), None, None) if hmac => {
             if secret.len() < 32 {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.secret"),
                     format!(
                         "an HMAC secret needs at least 32 bytes, this one has {}",
                         secret.len()
                     ),
-                ));
+                );
             }
             Some(JwtKeys::Single(DecodingKey::from_secret(secret.as_bytes())))
         }
         (None, Some(file), None) if public => {
-            load_pem_key(file, &algorithms, &format!("{path}.public_key"), problems)
+            load_pem_key(file, &algorithms, &format!("{path}.public_key"), c)
         }
-        (None, None, Some(file)) if public => load_jwks(file, &format!("{path}.jwks"), problems),
+        (None, None, Some(file)) if public => load_jwks(file, &format!("{path}.jwks"), c),
         _ if hmac => {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.secret"),
                 "HS* algorithms need secret (and no public_key or jwks)",
-            ));
+            );
             None
         }
         _ => {
-            problems.push(Problem::new(
+            c.report(
                 path,
                 "RS256/ES256 need exactly one of public_key (a PEM file) or jwks (a JWKS file)",
-            ));
+            );
             None
         }
     }?;
     let mut validation = Validation::new(*algorithms.first()?);
     validation.algorithms = algorithms;
-    validation.leeway = match &raw.leeway {
-        None => 30,
-        Some(t) => match parse_duration(&t.0) {
-            Ok(d) => d.as_secs(),
-            Err(e) => {
-                problems.push(Problem::new(format!("{path}.leeway"), e));
-                30
-            }
-        },
-    };
+    validation.leeway = c
+        .duration(
+            &format!("{path}.leeway"),
+            &raw.leeway,
+            Duration::from_secs(30),
+        )
+        .as_secs();
     validation.validate_nbf = true;
     validation.set_required_spec_claims(&["exp"]);
     if let Some(iss) = &raw.issuer {
@@ -247,10 +236,7 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
     }
     let source = match (&raw.header, &raw.cookie) {
         (Some(_), Some(_)) => {
-            problems.push(Problem::new(
-                path,
-                "read the token from header or cookie, not both",
-            ));
+            c.report(path, "read the token from header or cookie, not both");
             return None;
         }
         (None, Some(c)) => TokenSource::Cookie(c.clone()),
@@ -258,10 +244,7 @@ fn jwt(raw: &RawJwt, problems: &mut Problems) -> Option<JwtConfig> {
             match HeaderName::from_bytes(h.as_deref().unwrap_or("authorization").as_bytes()) {
                 Ok(name) => TokenSource::Header(name),
                 Err(_) => {
-                    problems.push(Problem::new(
-                        format!("{path}.header"),
-                        "not a valid header name",
-                    ));
+                    c.report(format!("{path}.header"), "not a valid header name");
                     return None;
                 }
             }
@@ -279,12 +262,12 @@ fn load_pem_key(
     file: &str,
     algorithms: &[Algorithm],
     path: &str,
-    problems: &mut Problems,
+    c: &mut Checker,
 ) -> Option<JwtKeys> {
     let pem = match std::fs::read(file) {
         Ok(p) => p,
         Err(e) => {
-            problems.push(Problem::new(path, format!("cannot read {file}: {e}")));
+            c.report(path, format!("cannot read {file}: {e}"));
             return None;
         }
     };
@@ -296,30 +279,24 @@ fn load_pem_key(
     match key {
         Ok(k) => Some(JwtKeys::Single(k)),
         Err(e) => {
-            problems.push(Problem::new(
-                path,
-                format!("{file} is not a usable PEM public key: {e}"),
-            ));
+            c.report(path, format!("{file} is not a usable PEM public key: {e}"));
             None
         }
     }
 }
 
-fn load_jwks(file: &str, path: &str, problems: &mut Problems) -> Option<JwtKeys> {
+fn load_jwks(file: &str, path: &str, c: &mut Checker) -> Option<JwtKeys> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) => {
-            problems.push(Problem::new(path, format!("cannot read {file}: {e}")));
+            c.report(path, format!("cannot read {file}: {e}"));
             return None;
         }
     };
     let set: jsonwebtoken::jwk::JwkSet = match serde_json::from_str(&text) {
         Ok(s) => s,
         Err(e) => {
-            problems.push(Problem::new(
-                path,
-                format!("{file} is not a JWKS document: {e}"),
-            ));
+            c.report(path, format!("{file} is not a JWKS document: {e}"));
             return None;
         }
     };
@@ -327,14 +304,14 @@ fn load_jwks(file: &str, path: &str, problems: &mut Problems) -> Option<JwtKeys>
     for (i, jwk) in set.keys.iter().enumerate() {
         match DecodingKey::from_jwk(jwk) {
             Ok(k) => keys.push((jwk.common.key_id.clone(), k)),
-            Err(e) => problems.push(Problem::new(
+            Err(e) => c.report(
                 format!("{path}.keys[{i}]"),
                 format!("unusable key in {file}: {e}"),
-            )),
+            ),
         }
     }
     if keys.is_empty() {
-        problems.push(Problem::new(path, format!("{file} holds no usable key")));
+        c.report(path, format!("{file} holds no usable key"));
         return None;
     }
     Some(JwtKeys::Set(keys))

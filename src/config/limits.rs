@@ -13,50 +13,30 @@ use sha2::{Digest, Sha256};
 use super::client::parse_cidr;
 use super::compiled::*;
 use super::raw::{RawBypass, RawLimit, RawRoute, RawVerify, RawZone, Text};
-use super::units::{format_duration, parse_duration, parse_size};
+use super::units::{format_duration, parse_duration};
 use crate::limiter::memory::ZoneSpec;
 use crate::limiter::{Algorithm, Limit};
 use crate::pipeline::key::KeyKind;
 
-use super::Problem;
-
-pub type Problems = Vec<Problem>;
+use super::checker::Checker;
 
 const DEFAULT_SIZE: u64 = 10 << 20;
 
-fn count<T: std::str::FromStr>(
-    v: &Option<Text>,
-    path: &str,
-    default: T,
-    problems: &mut Problems,
-) -> T {
+fn count<T: std::str::FromStr>(v: &Option<Text>, path: &str, default: T, c: &mut Checker) -> T {
     match v {
         None => default,
         Some(t) => t.0.trim().parse().unwrap_or_else(|_| {
-            problems.push(Problem::new(
-                path,
-                format!("expected a whole number, got \"{t}\""),
-            ));
+            c.report(path, format!("expected a whole number, got \"{t}\""));
             default
         }),
     }
 }
 
-fn size(v: &Option<Text>, path: &str, problems: &mut Problems) -> u64 {
-    match v {
-        None => DEFAULT_SIZE,
-        Some(t) => parse_size(&t.0).unwrap_or_else(|e| {
-            problems.push(Problem::new(path, e));
-            DEFAULT_SIZE
-        }),
-    }
-}
-
-fn key_kind(v: &Option<String>, path: &str, default: KeyKind, problems: &mut Problems) -> KeyKind {
+fn key_kind(v: &Option<String>, path: &str, default: KeyKind, c: &mut Checker) -> KeyKind {
     match v {
         None => default,
         Some(k) => k.parse().unwrap_or_else(|e| {
-            problems.push(Problem::new(path, e));
+            c.report(path, e);
             default
         }),
     }
@@ -83,52 +63,46 @@ pub fn parse_rate(text: &str) -> Result<(u64, u64), String> {
 pub fn zones(
     raw: &[(String, RawZone)],
     specs: &mut Vec<ZoneSpec>,
-    problems: &mut Problems,
+    c: &mut Checker,
 ) -> Vec<ZoneConfig> {
     let mut out: Vec<ZoneConfig> = Vec::new();
     for (path, z) in raw {
         if out.iter().any(|o| &*o.limit.name == z.name.as_str()) {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.name"),
                 format!("zone \"{}\" is defined twice", z.name),
-            ));
+            );
         }
         let (n, period) = match parse_rate(&z.rate.0) {
             Ok(r) if r.1 <= 60_000 => r,
             Ok(_) => {
-                problems.push(Problem::new(
-                    format!("{path}.rate"),
-                    "zones take r/s or r/m, like nginx",
-                ));
+                c.report(format!("{path}.rate"), "zones take r/s or r/m, like nginx");
                 (1, 1000)
             }
             Err(e) => {
-                problems.push(Problem::new(format!("{path}.rate"), e));
+                c.report(format!("{path}.rate"), e);
                 (1, 1000)
             }
         };
         // nginx: rate in thousandths of a request per second, rounded down.
         let rate_milli = n * 1000 * 1000 / period;
-        let burst = count(&z.burst, &format!("{path}.burst"), 0u64, problems);
+        let burst = count(&z.burst, &format!("{path}.burst"), 0u64, c);
         let delay = match (z.nodelay, &z.delay) {
             (Some(true), Some(_)) => {
-                problems.push(Problem::new(
-                    path.clone(),
-                    "give nodelay or delay, not both",
-                ));
+                c.report(path.clone(), "give nodelay or delay, not both");
                 u64::MAX
             }
             (Some(true), None) => u64::MAX,
-            (_, d) => count(d, &format!("{path}.delay"), 0u64, problems),
+            (_, d) => count(d, &format!("{path}.delay"), 0u64, c),
         };
-        let status = count(&z.status, &format!("{path}.status"), 429u16, problems);
+        let status = count(&z.status, &format!("{path}.status"), 429u16, c);
         let status = match status {
             429 | 503 => StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
             other => {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.status"),
                     format!("expected 429 or 503, got {other}"),
-                ));
+                );
                 StatusCode::TOO_MANY_REQUESTS
             }
         };
@@ -138,21 +112,18 @@ pub fn zones(
             delay,
         };
         if let Err(e) = algorithm.validate() {
-            problems.push(Problem::new(format!("{path}.rate"), e));
+            c.report(format!("{path}.rate"), e);
         }
         let max_conn = z
             .max_conn
             .as_ref()
-            .map(|_| count(&z.max_conn, &format!("{path}.max_conn"), 0u32, problems));
+            .map(|_| count(&z.max_conn, &format!("{path}.max_conn"), 0u32, c));
         if max_conn == Some(0) {
-            problems.push(Problem::new(
-                format!("{path}.max_conn"),
-                "must be at least 1",
-            ));
+            c.report(format!("{path}.max_conn"), "must be at least 1");
         }
         let zone_index = specs.len();
         specs.push(ZoneSpec {
-            size_bytes: size(&z.size, &format!("{path}.size"), problems),
+            size_bytes: c.size(&format!("{path}.size"), &z.size, DEFAULT_SIZE),
         });
         out.push(ZoneConfig {
             limit: Limit {
@@ -160,7 +131,7 @@ pub fn zones(
                 algorithm,
                 zone: zone_index,
             },
-            key: key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, problems),
+            key: key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, c),
             status,
             dry_run: z.dry_run.unwrap_or(false),
             max_conn,
@@ -170,30 +141,30 @@ pub fn zones(
     out
 }
 
-pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig {
+pub fn bypass(raw: Option<&RawBypass>, c: &mut Checker) -> BypassConfig {
     let Some(raw) = raw else {
         return BypassConfig::default();
     };
     let mut out = BypassConfig::default();
     for (i, p) in raw.paths.iter().flatten().enumerate() {
         if !p.starts_with('/') {
-            problems.push(Problem::new(
+            c.report(
                 format!("bypass.paths[{i}]"),
                 format!("must start with \"/\", got \"{p}\""),
-            ));
+            );
         }
         out.paths.push(p.clone());
     }
     for (i, t) in raw.tokens.iter().flatten().enumerate() {
         if t.len() < 16 {
             // The token itself is never printed.
-            problems.push(Problem::new(
+            c.report(
                 format!("bypass.tokens[{i}]"),
                 format!(
                     "a bypass token needs at least 16 characters, this one has {}",
                     t.len()
                 ),
-            ));
+            );
         }
         out.token_hashes.push(Sha256::digest(t.as_bytes()).into());
     }
@@ -201,16 +172,16 @@ pub fn bypass(raw: Option<&RawBypass>, problems: &mut Problems) -> BypassConfig 
         let name = raw.header.as_deref().unwrap_or("x-bypass-token");
         match HeaderName::from_bytes(name.as_bytes()) {
             Ok(h) => out.header = Some(h),
-            Err(_) => problems.push(Problem::new(
+            Err(_) => c.report(
                 "bypass.header",
                 format!("\"{name}\" is not a valid header name"),
-            )),
+            ),
         }
     }
     for (i, s) in raw.sources.iter().flatten().enumerate() {
         match parse_cidr(&s.0) {
             Ok(net) => out.sources.push(net),
-            Err(e) => problems.push(Problem::new(format!("bypass.sources[{i}]"), e)),
+            Err(e) => c.report(format!("bypass.sources[{i}]"), e),
         }
     }
     out
@@ -230,7 +201,7 @@ pub fn route(
     r: &RawRoute,
     zones: &[ZoneConfig],
     specs: &mut Vec<ZoneSpec>,
-    problems: &mut Problems,
+    c: &mut Checker,
 ) -> RouteExtras {
     let zone_index: HashMap<&str, usize> = zones
         .iter()
@@ -245,10 +216,10 @@ pub fn route(
             .filter_map(|(i, n)| {
                 let found = zone_index.get(n.as_str()).copied();
                 if found.is_none() {
-                    problems.push(Problem::new(
+                    c.report(
                         format!("{path}.zones[{i}]"),
                         format!("no zone named \"{n}\""),
-                    ));
+                    );
                 }
                 found
             })
@@ -262,12 +233,12 @@ pub fn route(
                 .iter()
                 .any(|x: &RouteLimit| &*x.limit.name == l.name.as_str())
             {
-                problems.push(Problem::new(
+                c.report(
                     format!("{lpath}.name"),
                     format!("\"{}\" is used twice on this route", l.name),
-                ));
+                );
             }
-            if let Some(limit) = route_limit(&lpath, l, specs, problems) {
+            if let Some(limit) = route_limit(&lpath, l, specs, c) {
                 limits.push(limit);
             }
         }
@@ -278,10 +249,10 @@ pub fn route(
         Some("ietf") => (false, true),
         Some("none") => (false, false),
         Some(other) => {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.headers"),
                 format!("expected both, legacy, ietf or none, got \"{other}\""),
-            ));
+            );
             (true, true)
         }
     };
@@ -289,10 +260,10 @@ pub fn route(
         None | Some("seconds") => false,
         Some("epoch") => true,
         Some(other) => {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.reset"),
                 format!("expected seconds or epoch, got \"{other}\""),
-            ));
+            );
             false
         }
     };
@@ -301,15 +272,15 @@ pub fn route(
         Some(t) => match t.0.trim().parse::<f64>() {
             Ok(f) if (0.0..=1.0).contains(&f) => f,
             _ => {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.warn_at"),
                     format!("expected a fraction from 0 to 1, got \"{t}\""),
-                ));
+                );
                 0.9
             }
         },
     };
-    let webhook = webhook(path, r, problems);
+    let webhook = webhook(path, r, c);
     RouteExtras {
         zones: route_zones,
         limits,
@@ -327,62 +298,62 @@ fn route_limit(
     path: &str,
     l: &RawLimit,
     specs: &mut Vec<ZoneSpec>,
-    problems: &mut Problems,
+    c: &mut Checker,
 ) -> Option<RouteLimit> {
-    let window = |problems: &mut Problems| -> Option<(u64, u64)> {
+    let window = |c: &mut Checker| -> Option<(u64, u64)> {
         let limit = match &l.limit {
             Some(t) => {
                 t.0.trim()
                     .parse::<u64>()
                     .map_err(|_| {
-                        problems.push(Problem::new(
+                        c.report(
                             format!("{path}.limit"),
                             format!("expected a whole number, got \"{t}\""),
-                        ));
+                        );
                     })
                     .ok()?
             }
             None => {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.limit"),
                     format!("{} needs limit and window", l.algorithm),
-                ));
+                );
                 return None;
             }
         };
         let window = match &l.window {
             Some(t) => parse_duration(&t.0)
-                .map_err(|e| problems.push(Problem::new(format!("{path}.window"), e)))
+                .map_err(|e| c.report(format!("{path}.window"), e))
                 .ok()?,
             None => {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.window"),
                     format!("{} needs limit and window", l.algorithm),
-                ));
+                );
                 return None;
             }
         };
         Some((limit, window.as_millis() as u64))
     };
-    let bucket = |problems: &mut Problems| -> Option<(u64, u64, u64)> {
+    let bucket = |c: &mut Checker| -> Option<(u64, u64, u64)> {
         let (amount, period) = match &l.rate {
             Some(t) => parse_rate(&t.0)
-                .map_err(|e| problems.push(Problem::new(format!("{path}.rate"), e)))
+                .map_err(|e| c.report(format!("{path}.rate"), e))
                 .ok()?,
             None => {
-                problems.push(Problem::new(
+                c.report(
                     format!("{path}.rate"),
                     format!("{} needs rate (e.g. 5/s) and burst", l.algorithm),
-                ));
+                );
                 return None;
             }
         };
-        let burst = count(&l.burst, &format!("{path}.burst"), amount, problems);
+        let burst = count(&l.burst, &format!("{path}.burst"), amount, c);
         Some((amount, period, burst))
     };
     let (algorithm, description) = match l.algorithm.as_str() {
         "fixed_window" | "sliding_window" | "sliding_log" => {
-            let (limit, window_ms) = window(problems)?;
+            let (limit, window_ms) = window(c)?;
             let alg = match l.algorithm.as_str() {
                 "fixed_window" => Algorithm::FixedWindow { limit, window_ms },
                 "sliding_window" => Algorithm::SlidingWindow { limit, window_ms },
@@ -397,7 +368,7 @@ fn route_limit(
             )
         }
         "token_bucket" | "gcra" => {
-            let (amount, period_ms, burst) = bucket(problems)?;
+            let (amount, period_ms, burst) = bucket(c)?;
             let alg = if l.algorithm == "gcra" {
                 Algorithm::Gcra {
                     amount,
@@ -418,39 +389,39 @@ fn route_limit(
             )
         }
         other => {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.algorithm"),
                 format!("expected fixed_window, sliding_window, sliding_log, token_bucket or gcra, got \"{other}\""),
-            ));
+            );
             return None;
         }
     };
     if let Err(e) = algorithm.validate() {
-        problems.push(Problem::new(path, e));
+        c.report(path, e);
         return None;
     }
-    let cost = count(&l.cost, &format!("{path}.cost"), 1u64, problems);
+    let cost = count(&l.cost, &format!("{path}.cost"), 1u64, c);
     if cost == 0 || cost > algorithm.policy().0 {
-        problems.push(Problem::new(
+        c.report(
             format!("{path}.cost"),
             format!(
                 "must be from 1 to the limit ({}), got {cost}",
                 algorithm.policy().0
             ),
-        ));
+        );
     }
     let count_status = l.count.as_ref().map(|c| c.status.clone());
     if let Some(statuses) = &count_status {
         if statuses.is_empty() || statuses.iter().any(|s| !(100..=599).contains(s)) {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.count.status"),
                 "list HTTP statuses from 100 to 599, e.g. [401, 403]",
-            ));
+            );
         }
     }
     let zone = specs.len();
     specs.push(ZoneSpec {
-        size_bytes: size(&l.size, &format!("{path}.size"), problems),
+        size_bytes: c.size(&format!("{path}.size"), &l.size, DEFAULT_SIZE),
     });
     Some(RouteLimit {
         limit: Limit {
@@ -458,7 +429,7 @@ fn route_limit(
             algorithm,
             zone,
         },
-        key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, problems),
+        key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, c),
         cost,
         dry_run: l.dry_run.unwrap_or(false),
         count_status,
@@ -466,7 +437,7 @@ fn route_limit(
     })
 }
 
-fn webhook(path: &str, r: &RawRoute, problems: &mut Problems) -> Option<WebhookConfig> {
+fn webhook(path: &str, r: &RawRoute, c: &mut Checker) -> Option<WebhookConfig> {
     if r.allow_sources.is_none() && r.verify.is_none() && r.only_allowed_sources.is_none() {
         return None;
     }
@@ -477,21 +448,21 @@ fn webhook(path: &str, r: &RawRoute, problems: &mut Problems) -> Option<WebhookC
         .enumerate()
         .filter_map(|(i, s)| {
             parse_cidr(&s.0)
-                .map_err(|e| problems.push(Problem::new(format!("{path}.allow_sources[{i}]"), e)))
+                .map_err(|e| c.report(format!("{path}.allow_sources[{i}]"), e))
                 .ok()
         })
         .collect();
     let only_allowed = r.only_allowed_sources.unwrap_or(false);
     if only_allowed && r.allow_sources.is_none() {
-        problems.push(Problem::new(
+        c.report(
             format!("{path}.only_allowed_sources"),
             "needs allow_sources",
-        ));
+        );
     }
     let verify = r
         .verify
         .as_ref()
-        .and_then(|v| verify(&format!("{path}.verify"), v, problems));
+        .and_then(|v| verify(&format!("{path}.verify"), v, c));
     Some(WebhookConfig {
         allow_sources,
         only_allowed,
@@ -499,43 +470,36 @@ fn webhook(path: &str, r: &RawRoute, problems: &mut Problems) -> Option<WebhookC
     })
 }
 
-fn verify(path: &str, v: &RawVerify, problems: &mut Problems) -> Option<VerifyConfig> {
+fn verify(path: &str, v: &RawVerify, c: &mut Checker) -> Option<VerifyConfig> {
     let (scheme, default_header) = match v.scheme.as_str() {
         "github" => (VerifyScheme::Github, "x-hub-signature-256"),
         "stripe" => (VerifyScheme::Stripe, "stripe-signature"),
         "hmac-sha256" => (VerifyScheme::HmacSha256, "x-signature"),
         other => {
-            problems.push(Problem::new(
+            c.report(
                 format!("{path}.scheme"),
                 format!("expected github, stripe or hmac-sha256, got \"{other}\""),
-            ));
+            );
             return None;
         }
     };
     if v.secret.len() < 16 {
-        problems.push(Problem::new(
+        c.report(
             format!("{path}.secret"),
             format!(
                 "a signing secret needs at least 16 characters, this one has {}",
                 v.secret.len()
             ),
-        ));
+        );
     }
     let header = HeaderName::from_bytes(v.header.as_deref().unwrap_or(default_header).as_bytes())
-        .map_err(|_| {
-            problems.push(Problem::new(
-                format!("{path}.header"),
-                "not a valid header name",
-            ))
-        })
+        .map_err(|_| c.report(format!("{path}.header"), "not a valid header name"))
         .ok()?;
-    let tolerance = match &v.tolerance {
-        None => Duration::from_secs(300),
-        Some(t) => parse_duration(&t.0).unwrap_or_else(|e| {
-            problems.push(Problem::new(format!("{path}.tolerance"), e));
-            Duration::from_secs(300)
-        }),
-    };
+    let tolerance = c.duration(
+        &format!("{path}.tolerance"),
+        &v.tolerance,
+        Duration::from_secs(300),
+    );
     Some(VerifyConfig {
         scheme,
         secret: v.secret.as_bytes().to_vec(),

@@ -3,8 +3,6 @@
 //! checks, and are repeated in `config.example.yaml`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,96 +10,14 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Method, StatusCode};
 
+use super::checker::Checker;
 use super::compiled::*;
-use super::raw::{RawConfig, RawRoute, RawUpstream, Text};
-use super::units::{parse_duration, parse_size};
+use super::raw::{RawConfig, RawRoute, RawUpstream};
 use super::Problem;
 use crate::listener::tls;
 use crate::pipeline::upstream::client_tls;
 
 pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1:9090";
-
-/// Collects problems while walking the raw config.
-struct Checker {
-    problems: Vec<Problem>,
-}
-
-impl Checker {
-    fn report(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.problems.push(Problem::new(path, message));
-    }
-
-    fn duration(&mut self, path: &str, value: &Option<Text>, default: Duration) -> Duration {
-        let Some(text) = value else { return default };
-        match parse_duration(&text.0) {
-            Ok(d) => d,
-            Err(e) => {
-                self.report(path, e);
-                default
-            }
-        }
-    }
-
-    /// A duration that must be strictly positive (a zero timeout is a typo).
-    fn positive_duration(
-        &mut self,
-        path: &str,
-        value: &Option<Text>,
-        default: Duration,
-    ) -> Duration {
-        let d = self.duration(path, value, default);
-        if d.is_zero() {
-            self.report(path, "must be greater than zero");
-            return default;
-        }
-        d
-    }
-
-    fn size(&mut self, path: &str, value: &Option<Text>, default: u64) -> u64 {
-        let Some(text) = value else { return default };
-        match parse_size(&text.0) {
-            Ok(n) => n,
-            Err(e) => {
-                self.report(path, e);
-                default
-            }
-        }
-    }
-
-    fn number<T: FromStr + PartialOrd + Copy + std::fmt::Display>(
-        &mut self,
-        path: &str,
-        value: &Option<Text>,
-        default: T,
-        min: T,
-        max: T,
-    ) -> T {
-        let Some(text) = value else { return default };
-        match text.0.trim().parse::<T>() {
-            Ok(n) if n >= min && n <= max => n,
-            _ => {
-                self.report(
-                    path,
-                    format!("expected a whole number from {min} to {max}, got \"{text}\""),
-                );
-                default
-            }
-        }
-    }
-
-    fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
-        match text.trim().parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                self.report(
-                    path,
-                    format!("expected an address like \"0.0.0.0:8080\" or \"[::]:8443\", got \"{text}\""),
-                );
-                None
-            }
-        }
-    }
-}
 
 pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Vec<Problem>> {
     let mut c = Checker {
@@ -113,8 +29,8 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     let admin = admin(&mut c, &raw, &listeners);
     let (upstreams, index) = upstreams(&mut c, &raw.upstreams);
     let log = log(&mut c, &raw);
-    let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut c.problems);
-    let identity = super::client::identity(raw.identity.as_ref(), &mut c.problems);
+    let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut c);
+    let identity = super::client::identity(raw.identity.as_ref(), &mut c);
     if client_ip.trusted_proxies.is_empty() {
         for (path, l) in &raw.listeners {
             if l.proxy_protocol == Some(true) {
@@ -126,8 +42,8 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
         }
     }
     let mut store_zones = Vec::new();
-    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut c.problems);
-    let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c.problems);
+    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut c);
+    let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c);
     let routes = routes(
         &mut c,
         raw.routes,
@@ -460,7 +376,7 @@ fn routes(
 ) -> Vec<RouteConfig> {
     let mut out: Vec<(RouteConfig, String)> = Vec::new();
     for (i, (path, r)) in raw.into_iter().enumerate() {
-        let extras = super::limits::route(&path, &r, zones, store_zones, &mut c.problems);
+        let extras = super::limits::route(&path, &r, zones, store_zones, c);
         let m = &r.matcher;
         let path_match = match (&m.path, &m.path_prefix) {
             (Some(p), None) => Some(PathMatch::Exact(p.clone())),

@@ -308,10 +308,7 @@ impl Algorithm {
                 let (a, p) = (amount as u128, period_ms as u128);
                 let scaled_now = now as u128 * a;
                 let tolerance = burst as u128 * p;
-                let tat = match state {
-                    State::Tat(t) => (*t as u128).max(scaled_now),
-                    _ => scaled_now,
-                };
+                let tat = gcra_tat(state, scaled_now);
                 let new_tat = tat + cost as u128 * p;
                 if new_tat - scaled_now <= tolerance {
                     let remaining = (tolerance - (new_tat - scaled_now)) / p;
@@ -414,10 +411,7 @@ impl Algorithm {
                 amount, period_ms, ..
             } => {
                 let scaled_now = now as u128 * amount as u128;
-                let tat = match state {
-                    State::Tat(t) => (*t as u128).max(scaled_now),
-                    _ => scaled_now,
-                };
+                let tat = gcra_tat(state, scaled_now);
                 *state = State::Tat((tat + cost as u128 * period_ms as u128) as u64);
             }
             Algorithm::Leaky {
@@ -529,6 +523,14 @@ fn sliding_retry(prev: u128, curr: u128, elapsed: u128, w: u128, l: u128, c: u12
         u
     };
     (to_next + u.min(w)) as u64
+}
+
+/// GCRA's theoretical arrival time, never in the past.
+fn gcra_tat(state: &State, scaled_now: u128) -> u128 {
+    match *state {
+        State::Tat(t) => (t as u128).max(scaled_now),
+        _ => scaled_now,
+    }
 }
 
 fn log_of(state: &mut State) -> &mut Log {

@@ -1,0 +1,93 @@
+//! The problem collector every validation step writes to, with the parsers
+//! for values that appear all over the file (durations, sizes, bounded
+//! numbers, addresses), so each section reports the same way.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::raw::Text;
+use super::units::{parse_duration, parse_size};
+use super::Problem;
+
+/// Collects problems while walking the raw config.
+pub struct Checker {
+    pub problems: Vec<Problem>,
+}
+
+impl Checker {
+    pub fn report(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem::new(path, message));
+    }
+
+    pub fn duration(&mut self, path: &str, value: &Option<Text>, default: Duration) -> Duration {
+        let Some(text) = value else { return default };
+        match parse_duration(&text.0) {
+            Ok(d) => d,
+            Err(e) => {
+                self.report(path, e);
+                default
+            }
+        }
+    }
+
+    /// A duration that must be strictly positive (a zero timeout is a typo).
+    pub fn positive_duration(
+        &mut self,
+        path: &str,
+        value: &Option<Text>,
+        default: Duration,
+    ) -> Duration {
+        let d = self.duration(path, value, default);
+        if d.is_zero() {
+            self.report(path, "must be greater than zero");
+            return default;
+        }
+        d
+    }
+
+    pub fn size(&mut self, path: &str, value: &Option<Text>, default: u64) -> u64 {
+        let Some(text) = value else { return default };
+        match parse_size(&text.0) {
+            Ok(n) => n,
+            Err(e) => {
+                self.report(path, e);
+                default
+            }
+        }
+    }
+
+    pub fn number<T: FromStr + PartialOrd + Copy + std::fmt::Display>(
+        &mut self,
+        path: &str,
+        value: &Option<Text>,
+        default: T,
+        min: T,
+        max: T,
+    ) -> T {
+        let Some(text) = value else { return default };
+        match text.0.trim().parse::<T>() {
+            Ok(n) if n >= min && n <= max => n,
+            _ => {
+                self.report(
+                    path,
+                    format!("expected a whole number from {min} to {max}, got \"{text}\""),
+                );
+                default
+            }
+        }
+    }
+
+    pub fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
+        match text.trim().parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                self.report(
+                    path,
+                    format!("expected an address like \"0.0.0.0:8080\" or \"[::]:8443\", got \"{text}\""),
+                );
+                None
+            }
+        }
+    }
+}
