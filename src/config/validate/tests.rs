@@ -1,0 +1,110 @@
+//! Validation: defaults, targets, hosts, and every semantic problem at once.
+
+use super::*;
+
+#[test]
+fn targets_parse_and_name_their_mistakes() {
+    let t = parse_target("127.0.0.1:3000").unwrap();
+    assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 3000));
+    let t = parse_target("[::1]:8080").unwrap();
+    assert_eq!((t.host.as_str(), t.port), ("::1", 8080));
+    let t = parse_target("api.internal:443").unwrap();
+    assert_eq!(t.authority, "api.internal:443");
+    assert!(parse_target("http://api:80")
+        .unwrap_err()
+        .contains("without a scheme"));
+    for bad in [
+        "api",
+        "api:",
+        "api:http",
+        ":80",
+        "api:0",
+        "api:70000",
+        "[::1:80",
+    ] {
+        assert!(parse_target(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn hosts_are_exact_or_wildcard() {
+    assert_eq!(
+        parse_host("API.example.com"),
+        Ok(HostMatch::Exact("api.example.com".into()))
+    );
+    assert_eq!(
+        parse_host("*.example.com"),
+        Ok(HostMatch::Suffix(".example.com".into()))
+    );
+    assert!(parse_host("api.example.com:8080").is_err());
+    assert!(parse_host("a.*.com").is_err());
+}
+
+use crate::config::testing::problems;
+
+#[test]
+fn every_semantic_problem_is_reported_with_its_path() {
+    let found = problems(
+        "listeners:
+  - { name: a, bind: '127.0.0.1:8080' }
+  - { name: a, bind: '127.0.0.1:8080' }
+  - { bind: 'localhost' }
+  - { bind: '127.0.0.1:0', tls: { certs: [{ cert: /nonexistent.pem, key: /nonexistent.key }] } }
+admin: { bind: '127.0.0.1:8080' }
+server: { max_body_size: 10TB, idle_timeout: 0s, max_connections: 0 }
+upstreams:
+  api: { targets: ['http://127.0.0.1:3000', 'noport'], host_header: 'bäd' }
+routes:
+  - { match: { path: api }, upstream: api }
+  - { match: { path_prefix: /a, path: /b }, upstream: api }
+  - { match: { path: /c, methods: [get] }, upstream: api, respond: {} }
+  - { match: { path: /d, host: 'a:80' }, respond: { status: 700, headers: { 'bad name': x } } }
+  - { match: { path: /e }, upstream: api }
+  - { match: { path: /e }, upstream: api }
+log: { format: xml, level: 'tollgate=loud' }
+",
+    );
+    let expect = [
+        "listeners[1].name: \"a\" is already used by listeners[0]",
+        "listeners[1].bind: 127.0.0.1:8080 is already bound by listener \"a\"",
+        "listeners[2].bind: expected an address",
+        "listeners[3].tls.certs[0].cert: cannot load /nonexistent.pem",
+        "admin.bind: 127.0.0.1:8080 is already bound",
+        "server.max_body_size: expected a size",
+        "server.idle_timeout: must be greater than zero",
+        "server.max_connections: expected a whole number from 1",
+        "upstreams.api.targets[0]: expected \"host:port\" without a scheme",
+        "upstreams.api.targets[1]: expected \"host:port\", got \"noport\"",
+        "upstreams.api.host_header: expected \"preserve\", \"target\" or a host name",
+        "routes[0].match.path: must start with \"/\", got \"api\"",
+        "routes[1].match: give either path or path_prefix, not both",
+        "routes[2].match.methods[0]: expected an upper-case HTTP method like GET, got \"get\"",
+        "routes[2]: give either upstream or respond, not both",
+        "routes[3].match.host: expected a host name",
+        "routes[3].respond.status: expected a whole number from 100 to 599, got \"700\"",
+        "routes[3].respond.headers.bad name: \"bad name\" is not a valid header name",
+        "routes[5]: matches exactly the same requests as routes[4]",
+        "log.format: expected \"pretty\" or \"json\", got \"xml\"",
+        "log.level: expected a level",
+    ];
+    crate::config::testing::assert_exactly(&found, &expect);
+}
+
+#[test]
+fn defaults_fill_everything_left_out() {
+    let c = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]\nroutes: [{ match: { path: / }, respond: {} }]\n",
+        &|_| None,
+    )
+    .unwrap();
+    assert_eq!(c.listeners[0].name, "listener0");
+    assert_eq!(
+        c.admin.as_ref().unwrap().bind.to_string(),
+        DEFAULT_ADMIN_BIND
+    );
+    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.server.max_body_bytes, 10 << 20);
+    assert_eq!(c.routes[0].max_body_bytes, 10 << 20);
+    assert_eq!(c.log.format, LogFormat::Pretty);
+    assert!(c.log.access_log);
+}
