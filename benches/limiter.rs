@@ -103,25 +103,19 @@ fn key_into(buf: &mut String, i: usize) -> &str {
 }
 
 fn setup(alg: &Algorithm, size: u64) -> (Arc<MemoryStore>, Arc<Limit>) {
-    let store = MemoryStore::new(&[ZoneSpec { size_bytes: size }]);
+    let store = MemoryStore::new(&[ZoneSpec {
+        name: "bench".into(),
+        size_bytes: size,
+    }]);
     (
         Arc::new(store),
-        Arc::new(Limit {
-            name: Arc::from("bench"),
-            algorithm: alg.clone(),
-            zone: 0,
-        }),
+        Arc::new(Limit::new("bench", alg.clone(), 0)),
     )
 }
 
 /// One request of cost 1 on `key`.
 fn one<'a>(limit: &'a Limit, key: &'a str) -> [Check<'a>; 1] {
-    [Check {
-        limit,
-        key,
-        cost: 1,
-        peek: false,
-    }]
+    [Check::new(limit, key, 1)]
 }
 
 /// Tracks keys 0..MANY in the store.

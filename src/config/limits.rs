@@ -4,7 +4,6 @@
 //! its `size` (default 10MB, like nginx `zone=name:10m`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
@@ -15,7 +14,7 @@ use super::compiled::*;
 use super::raw::{RawBypass, RawLimit, RawRoute, RawVerify, RawZone, Text};
 use super::units::{format_duration, parse_duration};
 use crate::limiter::memory::ZoneSpec;
-use crate::limiter::{Algorithm, Limit};
+use crate::limiter::{Algorithm, Limit, OnError};
 use crate::pipeline::key::KeyKind;
 
 use super::checker::Checker;
@@ -29,6 +28,21 @@ fn count<T: std::str::FromStr>(v: &Option<Text>, path: &str, default: T, c: &mut
             c.report(path, format!("expected a whole number, got \"{t}\""));
             default
         }),
+    }
+}
+
+/// The engine's limit, with its failure mode and its share for `local`.
+fn limit(
+    name: &str,
+    algorithm: Algorithm,
+    zone: usize,
+    on_error: OnError,
+    store: &StoreConfig,
+) -> Limit {
+    Limit {
+        local: algorithm.divided(store.replicas),
+        on_error,
+        ..Limit::new(name, algorithm, zone)
     }
 }
 
@@ -63,6 +77,7 @@ pub fn parse_rate(text: &str) -> Result<(u64, u64), String> {
 pub fn zones(
     raw: &[(String, RawZone)],
     specs: &mut Vec<ZoneSpec>,
+    store: &StoreConfig,
     c: &mut Checker,
 ) -> Vec<ZoneConfig> {
     let mut out: Vec<ZoneConfig> = Vec::new();
@@ -123,14 +138,17 @@ pub fn zones(
         }
         let zone_index = specs.len();
         specs.push(ZoneSpec {
+            name: z.name.as_str().into(),
             size_bytes: c.size(&format!("{path}.size"), &z.size, DEFAULT_SIZE),
         });
         out.push(ZoneConfig {
-            limit: Limit {
-                name: Arc::from(z.name.as_str()),
+            limit: limit(
+                &z.name,
                 algorithm,
-                zone: zone_index,
-            },
+                zone_index,
+                super::store::on_error(&z.on_error, &format!("{path}.on_error"), store, c),
+                store,
+            ),
             key: key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, c),
             status,
             dry_run: z.dry_run.unwrap_or(false),
@@ -201,6 +219,7 @@ pub fn route(
     r: &RawRoute,
     zones: &[ZoneConfig],
     specs: &mut Vec<ZoneSpec>,
+    store: &StoreConfig,
     c: &mut Checker,
 ) -> RouteExtras {
     let zone_index: HashMap<&str, usize> = zones
@@ -238,7 +257,7 @@ pub fn route(
                     format!("\"{}\" is used twice on this route", l.name),
                 );
             }
-            if let Some(limit) = route_limit(&lpath, l, specs, c) {
+            if let Some(limit) = route_limit(&lpath, l, specs, store, c) {
                 limits.push(limit);
             }
         }
@@ -298,6 +317,7 @@ fn route_limit(
     path: &str,
     l: &RawLimit,
     specs: &mut Vec<ZoneSpec>,
+    store: &StoreConfig,
     c: &mut Checker,
 ) -> Option<RouteLimit> {
     let window = |c: &mut Checker| -> Option<(u64, u64)> {
@@ -421,14 +441,17 @@ fn route_limit(
     }
     let zone = specs.len();
     specs.push(ZoneSpec {
+        name: l.name.as_str().into(),
         size_bytes: c.size(&format!("{path}.size"), &l.size, DEFAULT_SIZE),
     });
     Some(RouteLimit {
-        limit: Limit {
-            name: Arc::from(l.name.as_str()),
+        limit: limit(
+            &l.name,
             algorithm,
             zone,
-        },
+            super::store::on_error(&l.on_error, &format!("{path}.on_error"), store, c),
+            store,
+        ),
         key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, c),
         cost,
         dry_run: l.dry_run.unwrap_or(false),

@@ -10,6 +10,7 @@ pub mod client;
 pub mod compiled;
 pub mod limits;
 pub mod raw;
+pub mod store;
 pub mod units;
 pub mod validate;
 

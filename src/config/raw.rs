@@ -54,6 +54,37 @@ pub struct RawConfig {
     pub identity: Option<RawIdentity>,
     pub zones: Vec<(String, RawZone)>,
     pub bypass: Option<RawBypass>,
+    pub store: Option<RawStore>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub kind: String,
+    pub url: Option<String>,
+    pub nodes: Option<Vec<String>>,
+    pub prefix: Option<String>,
+    pub timeout: Option<Text>,
+    pub connect_timeout: Option<Text>,
+    pub on_error: Option<String>,
+    pub replicas: Option<Text>,
+    pub breaker: Option<RawBreaker>,
+    pub cache_rejections: Option<bool>,
+    pub tls: Option<RawStoreTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    pub failures: Option<Text>,
+    pub probe_interval: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStoreTls {
+    /// PEM file of the CA that signed the Redis server's certificate.
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,6 +187,7 @@ pub struct RawLimit {
     pub dry_run: Option<bool>,
     pub count: Option<RawCount>,
     pub size: Option<Text>,
+    pub on_error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,6 +218,7 @@ pub struct RawZone {
     pub size: Option<Text>,
     pub dry_run: Option<bool>,
     pub max_conn: Option<Text>,
+    pub on_error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,6 +301,7 @@ const SECTIONS: &[&str] = &[
     "server",
     "client_ip",
     "identity",
+    "store",
     "bypass",
     "zones",
     "upstreams",
@@ -324,6 +358,7 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
             "client_ip" => raw.client_ip = one(value, "client_ip", &mut problems),
             "zones" => raw.zones = list(value, "zones", &mut problems),
             "bypass" => raw.bypass = one(value, "bypass", &mut problems),
+            "store" => raw.store = one(value, "store", &mut problems),
             "identity" => raw.identity = one(value, "identity", &mut problems),
             "upstreams" => raw.upstreams = named(value, "upstreams", &mut problems),
             other => problems.push(Problem::new(

@@ -41,8 +41,9 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             }
         }
     }
+    let store = super::store::store(raw.store.as_ref(), &mut c);
     let mut store_zones = Vec::new();
-    let zones = super::limits::zones(&raw.zones, &mut store_zones, &mut c);
+    let zones = super::limits::zones(&raw.zones, &mut store_zones, &store, &mut c);
     let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c);
     let routes = routes(
         &mut c,
@@ -51,6 +52,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
         server.max_body_bytes,
         &zones,
         &mut store_zones,
+        &store,
     );
 
     if c.problems.is_empty() {
@@ -66,6 +68,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             zones,
             bypass,
             store_zones,
+            store,
         })
     } else {
         Err(c.problems)
@@ -373,10 +376,11 @@ fn routes(
     default_body: u64,
     zones: &[ZoneConfig],
     store_zones: &mut Vec<crate::limiter::memory::ZoneSpec>,
+    store: &StoreConfig,
 ) -> Vec<RouteConfig> {
     let mut out: Vec<(RouteConfig, String)> = Vec::new();
     for (i, (path, r)) in raw.into_iter().enumerate() {
-        let extras = super::limits::route(&path, &r, zones, store_zones, c);
+        let extras = super::limits::route(&path, &r, zones, store_zones, store, c);
         let m = &r.matcher;
         let path_match = match (&m.path, &m.path_prefix) {
             (Some(p), None) => Some(PathMatch::Exact(p.clone())),

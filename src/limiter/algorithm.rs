@@ -23,6 +23,9 @@ use super::{Decision, Verdict};
 
 /// Largest `limit` a `sliding_log` may have: its memory grows with it.
 pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
+/// Largest intermediate value: the Redis store computes in Lua, whose
+/// numbers are doubles, exact up to 2^53.
+const EXACT: u128 = 1 << 53;
 /// nginx keeps a drained leaky-bucket entry for a minute before expiring it
 /// (a kept entry and a fresh one decide the next request differently).
 const LEAKY_EXPIRE_MS: u64 = 60_000;
@@ -118,6 +121,9 @@ impl Algorithm {
                 if window_ms == 0 {
                     return Err("window must be at least 1ms".into());
                 }
+                if limit as u128 * window_ms as u128 > EXACT {
+                    return Err("limit x window (in ms) must stay below 2^53 so every store computes it exactly; shorten the window or lower the limit".into());
+                }
             }
             Algorithm::SlidingLog { limit, window_ms } => {
                 if limit == 0 || limit > SLIDING_LOG_MAX_LIMIT {
@@ -147,6 +153,9 @@ impl Algorithm {
                 if burst == 0 || burst > u32::MAX as u64 {
                     return Err(format!("burst must be from 1 to {}, got {burst}", u32::MAX));
                 }
+                if burst as u128 * period_ms as u128 > EXACT {
+                    return Err("burst x rate period (in ms) must stay below 2^53 so every store computes it exactly".into());
+                }
             }
             Algorithm::Leaky {
                 rate_milli, burst, ..
@@ -163,6 +172,54 @@ impl Algorithm {
             }
         }
         Ok(())
+    }
+
+    /// The same policy with 1/`n` of the quota (at least one request), for
+    /// one of `n` replicas deciding alone while the shared store is down.
+    pub fn divided(&self, n: u64) -> Algorithm {
+        let n = n.max(1);
+        let part = |v: u64| (v / n).max(1);
+        match *self {
+            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
+                limit: part(limit),
+                window_ms,
+            },
+            Algorithm::SlidingWindow { limit, window_ms } => Algorithm::SlidingWindow {
+                limit: part(limit),
+                window_ms,
+            },
+            Algorithm::SlidingLog { limit, window_ms } => Algorithm::SlidingLog {
+                limit: part(limit),
+                window_ms,
+            },
+            Algorithm::TokenBucket {
+                amount,
+                period_ms,
+                burst,
+            } => Algorithm::TokenBucket {
+                amount,
+                period_ms: period_ms.saturating_mul(n),
+                burst: part(burst),
+            },
+            Algorithm::Gcra {
+                amount,
+                period_ms,
+                burst,
+            } => Algorithm::Gcra {
+                amount,
+                period_ms: period_ms.saturating_mul(n),
+                burst: part(burst),
+            },
+            Algorithm::Leaky {
+                rate_milli,
+                burst,
+                delay,
+            } => Algorithm::Leaky {
+                rate_milli: part(rate_milli),
+                burst: burst / n,
+                delay: if delay == u64::MAX { delay } else { delay / n },
+            },
+        }
     }
 
     /// The quota and window the headers advertise (`q` and `w`).

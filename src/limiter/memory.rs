@@ -34,6 +34,8 @@ const EXPIRE_PER_DECISION: usize = 2;
 /// with each check, so the zone only knows its size.
 #[derive(Debug, Clone)]
 pub struct ZoneSpec {
+    /// The limit's name (a Redis store builds its keys from it).
+    pub name: std::sync::Arc<str>,
     /// Upper bound for this zone's memory.
     pub size_bytes: u64,
 }
@@ -134,8 +136,22 @@ impl MemoryStore {
 
     /// Decides `checks` at `now` (ms); see [`Store::decide`].
     pub fn decide_at(&self, checks: &[Check<'_>], now: u64) -> Outcome {
+        let mut decisions = Vec::with_capacity(checks.len());
+        for group in super::groups(checks) {
+            let before = decisions.len();
+            self.decide_group(group, now, &mut decisions);
+            if !group[0].dry_run && !decisions[before..].iter().all(Decision::admitted) {
+                break;
+            }
+        }
+        Outcome { decisions }
+    }
+
+    /// One group, all or nothing; appends its decisions.
+    fn decide_group(&self, checks: &[Check<'_>], now: u64, decisions: &mut Vec<Decision>) {
         if let [check] = checks {
-            return self.decide_one(check, now);
+            decisions.push(self.decide_one(check, now));
+            return;
         }
         let targets: Vec<(usize, usize, u64)> = checks
             .iter()
@@ -153,7 +169,7 @@ impl MemoryStore {
             .map(|&(z, s)| lock(&self.zones[z].shards[s]))
             .collect();
         let mut slots = Vec::with_capacity(checks.len());
-        let mut decisions = Vec::with_capacity(checks.len());
+        let first = decisions.len();
         for (check, &(z, s, hash)) in checks.iter().zip(&targets) {
             let g = pos(&order, z, s);
             let shard = &mut guards[g];
@@ -161,7 +177,7 @@ impl MemoryStore {
             decisions.push(shard.check(&check.limit.algorithm, idx, now, check.cost));
             slots.push((g, idx));
         }
-        let all_admitted = decisions.iter().all(Decision::admitted);
+        let all_admitted = decisions[first..].iter().all(Decision::admitted);
         for (check, &(g, idx)) in checks.iter().zip(&slots) {
             let shard = &mut guards[g];
             if all_admitted && !check.peek {
@@ -171,10 +187,9 @@ impl MemoryStore {
         for (check, &(g, _)) in checks.iter().zip(&slots) {
             guards[g].expire(&check.limit.algorithm, now);
         }
-        Outcome { decisions }
     }
 
-    fn decide_one(&self, check: &Check<'_>, now: u64) -> Outcome {
+    fn decide_one(&self, check: &Check<'_>, now: u64) -> Decision {
         let zone = &self.zones[check.limit.zone];
         let hash = self.hash(check.limit.zone, check.key);
         let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
@@ -184,9 +199,7 @@ impl MemoryStore {
             shard.charge(&check.limit.algorithm, idx, now, check.cost);
         }
         shard.expire(&check.limit.algorithm, now);
-        Outcome {
-            decisions: vec![decision],
-        }
+        decision
     }
 }
 

@@ -13,6 +13,7 @@
 
 pub mod algorithm;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -58,6 +59,49 @@ pub struct Limit {
     pub algorithm: Algorithm,
     /// Which memory partition (zone) holds this limit's keys.
     pub zone: usize,
+    /// What to do when the shared store cannot decide.
+    pub on_error: OnError,
+    /// The policy used with `OnError::Local`: `algorithm` divided by the
+    /// number of replicas, so N replicas together stay near the limit.
+    pub local: Algorithm,
+}
+
+impl Limit {
+    /// A limit that falls back to the memory store at its full size.
+    pub fn new(name: &str, algorithm: Algorithm, zone: usize) -> Self {
+        Limit {
+            name: Arc::from(name),
+            local: algorithm.clone(),
+            algorithm,
+            zone,
+            on_error: OnError::Local,
+        }
+    }
+}
+
+/// What a limit does when the shared store (Redis) fails or times out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Admit the request (and log it).
+    FailOpen,
+    /// Refuse it: 503 with `Retry-After` and a problem body.
+    FailClosed,
+    /// Decide with this process's memory store.
+    Local,
+}
+
+impl std::str::FromStr for OnError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail_open" => Ok(OnError::FailOpen),
+            "fail_closed" => Ok(OnError::FailClosed),
+            "local" => Ok(OnError::Local),
+            _ => Err(format!(
+                "expected fail_open, fail_closed or local, got \"{s}\""
+            )),
+        }
+    }
 }
 
 /// One limit to apply to one request.
@@ -70,9 +114,36 @@ pub struct Check<'a> {
     /// Decide but never charge (limits that count only some outcomes are
     /// charged later, once the outcome is known).
     pub peek: bool,
+    /// Consecutive checks with the same group and `dry_run` are decided
+    /// together, all or nothing; see [`Store::decide`].
+    pub group: u8,
+    /// A dry-run group never stops the groups after it.
+    pub dry_run: bool,
 }
 
-/// The decisions for all limits of a request, in the order checked.
+impl<'a> Check<'a> {
+    /// A check in group 0, enforced, charged when admitted.
+    pub fn new(limit: &'a Limit, key: &'a str, cost: u64) -> Self {
+        Check {
+            limit,
+            key,
+            cost,
+            peek: false,
+            group: 0,
+            dry_run: false,
+        }
+    }
+}
+
+/// The groups of `checks`: runs of consecutive checks with the same group
+/// and `dry_run`.
+pub fn groups<'c, 'a>(checks: &'c [Check<'a>]) -> impl Iterator<Item = &'c [Check<'a>]> {
+    checks.chunk_by(|a, b| a.group == b.group && a.dry_run == b.dry_run)
+}
+
+/// The decisions for the limits of a request, in the order checked: every
+/// check up to the end of the first enforced group that rejected (the
+/// checks after it were not decided and not charged).
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -82,8 +153,13 @@ pub struct Outcome {
 impl Outcome {
     /// Rejected when any limit rejects; otherwise delayed by the longest delay.
     pub fn verdict(&self) -> Verdict {
+        Self::verdict_of(&self.decisions)
+    }
+
+    /// [`Outcome::verdict`] of some of the decisions (one group).
+    pub fn verdict_of(decisions: &[Decision]) -> Verdict {
         let mut delay = 0;
-        for d in &self.decisions {
+        for d in decisions {
             match d.verdict {
                 Verdict::Reject => return Verdict::Reject,
                 Verdict::Delay(ms) => delay = delay.max(ms),
@@ -138,8 +214,13 @@ pub enum LimiterError {
 
 /// A place where limit state lives.
 pub trait Store: Send + Sync {
-    /// Decides every check for one request at once, all-or-nothing: either
-    /// every limit is charged (all allowed or delayed) or none is.
+    /// Decides every check for one request at once, group by group (see
+    /// [`groups`]). Within a group it is all or nothing: either every limit
+    /// of the group is charged (all allowed or delayed) or none is. When an
+    /// enforced group rejects, the groups after it are neither decided nor
+    /// charged; a dry-run group is decided and charged on its own and never
+    /// stops the others. This is what lets a proxy decide its zones and its
+    /// route limits in one round trip.
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],

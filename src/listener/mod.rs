@@ -58,12 +58,17 @@ struct ListenerCtx {
     proxy_header_timeout: Duration,
 }
 
+/// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} ({name}): {source}")]
-pub struct BindError {
-    pub name: String,
-    pub addr: SocketAddr,
-    pub source: std::io::Error,
+pub enum BindError {
+    #[error("cannot listen on {addr} ({name}): {source}")]
+    Listen {
+        name: String,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot set up the rate-limit store: {0}")]
+    Store(String),
 }
 
 fn bind_socket(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -80,10 +85,13 @@ fn bind_socket(addr: SocketAddr) -> std::io::Result<TcpListener> {
 impl Server {
     /// Binds all listeners and the admin port.
     pub async fn bind(mut config: Config) -> Result<Server, BindError> {
-        let pipeline = Arc::new(Pipeline::new(&mut config));
+        let redis = crate::pipeline::limits::open_store(&config.store, &config.store_zones)
+            .await
+            .map_err(BindError::Store)?;
+        let pipeline = Arc::new(Pipeline::new(&mut config, redis));
         let mut listeners = Vec::new();
         for l in &config.listeners {
-            let listener = bind_socket(l.bind).map_err(|source| BindError {
+            let listener = bind_socket(l.bind).map_err(|source| BindError::Listen {
                 name: l.name.clone(),
                 addr: l.bind,
                 source,
@@ -100,7 +108,7 @@ impl Server {
             });
         }
         let admin = match &config.admin {
-            Some(a) => Some(bind_socket(a.bind).map_err(|source| BindError {
+            Some(a) => Some(bind_socket(a.bind).map_err(|source| BindError::Listen {
                 name: "admin".into(),
                 addr: a.bind,
                 source,

@@ -15,10 +15,16 @@ use http::{HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::key::{self, KeySource};
-use crate::config::{BypassConfig, ClientIpConfig, HeaderStyle, RouteConfig, ZoneConfig};
+use crate::config::{
+    BypassConfig, ClientIpConfig, HeaderStyle, RouteConfig, StoreConfig, StoreKind, ZoneConfig,
+};
 use crate::error::ProxyError;
 use crate::limiter::memory::MemoryStore;
-use crate::limiter::{Check, Decision, Verdict};
+use crate::limiter::redis::{RedisOptions, RedisStore};
+use crate::limiter::{
+    groups, most_restrictive, Check, Decision, Limit, LimiterError, OnError, Outcome, Store,
+    Verdict,
+};
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -29,7 +35,9 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy")
 
 /// Limit state and the rules that are not per route.
 pub struct Limiter {
-    store: MemoryStore,
+    /// The store when `store.kind` is memory; the `local` fallback otherwise.
+    memory: MemoryStore,
+    redis: Option<RedisStore>,
     zones: Vec<ZoneConfig>,
     /// Concurrent requests per key, for zones with `max_conn`.
     conns: Vec<Option<Arc<ConnCounter>>>,
@@ -57,17 +65,24 @@ impl Limiter {
         zones: Vec<ZoneConfig>,
         bypass: BypassConfig,
         store_zones: &[crate::limiter::memory::ZoneSpec],
+        redis: Option<RedisStore>,
     ) -> Self {
         let conns = zones
             .iter()
             .map(|z| z.max_conn.map(|_| Arc::new(ConnCounter::default())))
             .collect();
         Limiter {
-            store: MemoryStore::new(store_zones),
+            memory: MemoryStore::new(store_zones),
+            redis,
             zones,
             conns,
             bypass,
         }
+    }
+
+    /// The Redis store, when limits are shared through Redis.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        self.redis.as_ref()
     }
 
     /// Whether a request skips every limit: a bypass path, a bypass token
@@ -91,21 +106,139 @@ impl Limiter {
         b.sources.iter().any(|net| net.contains(&client))
     }
 
-    /// Tier 1: each zone in `which` decides on its key; a delay is slept
-    /// here (dropped, and so ended, if the client goes away); a rejection is
-    /// an error. Connection slots are returned through `hold`.
-    pub async fn zones(
+    /// Tiers 1 and 2 in one decision: the zones in `zones` (group 0), then
+    /// the route's limits (group 1), each group all or nothing, enforced
+    /// before dry run; a rejecting zone stops the route limits. With Redis
+    /// this is one round trip. A zone delay is slept here (dropped, and so
+    /// ended, if the client goes away); a rejection is an error.
+    /// Connection slots (`max_conn`) are returned through `hold`.
+    pub async fn limit(
         &self,
-        which: &[usize],
+        zones: &[usize],
+        route: Option<&RouteConfig>,
         src: &KeySource<'_>,
         cfg: &ClientIpConfig,
         hold: &mut Vec<ConnSlot>,
-    ) -> Result<(), ProxyError> {
-        let keys: Vec<(usize, String)> = which
+    ) -> Result<RouteOutcome, ProxyError> {
+        let zone_keys: Vec<(usize, String)> = zones
             .iter()
             .filter_map(|&i| key::build(&self.zones[i].key, src, cfg).map(|k| (i, k.to_string())))
             .collect();
-        for (i, key) in &keys {
+        self.hold_connections(&zone_keys, hold)?;
+        let route_limits = route.map_or(&[][..], |r| r.limits.as_slice());
+        let route_keys: Vec<(usize, String)> = route_limits
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| key::build(&l.key, src, cfg).map(|k| (i, k.to_string())))
+            .collect();
+        // Limits whose key does not apply to this request are skipped.
+        let mut checks = Vec::with_capacity(zone_keys.len() + route_keys.len());
+        let mut origin = Vec::with_capacity(checks.capacity());
+        for dry_run in [false, true] {
+            for (i, key) in &zone_keys {
+                let z = &self.zones[*i];
+                if z.dry_run == dry_run {
+                    checks.push(Check {
+                        group: 0,
+                        dry_run,
+                        ..Check::new(&z.limit, key, 1)
+                    });
+                    origin.push(*i);
+                }
+            }
+        }
+        for dry_run in [false, true] {
+            for (i, key) in &route_keys {
+                let l = &route_limits[*i];
+                if l.dry_run == dry_run {
+                    checks.push(Check {
+                        peek: l.count_status.is_some(),
+                        group: 1,
+                        dry_run,
+                        ..Check::new(&l.limit, key, l.cost)
+                    });
+                    origin.push(*i);
+                }
+            }
+        }
+        let mut out = RouteOutcome::default();
+        if checks.is_empty() {
+            return Ok(out);
+        }
+        let decisions = self.decide(&checks).await?.decisions;
+        let mut delay = 0;
+        let mut start = 0;
+        for group in groups(&checks) {
+            let end = start + group.len();
+            let Some(decided) = decisions.get(start..end) else {
+                break;
+            };
+            let (zone_tier, dry) = (group[0].group == 0, group[0].dry_run);
+            if !zone_tier {
+                for (k, d) in (start..end).zip(decided) {
+                    let limit = &route_limits[origin[k]];
+                    out.applied.push(Applied {
+                        name: limit.limit.name.clone(),
+                        decision: *d,
+                    });
+                    if limit.count_status.is_some() && d.admitted() {
+                        out.deferred.push((origin[k], checks[k].key.to_owned()));
+                    }
+                }
+            }
+            match Outcome::verdict_of(decided) {
+                Verdict::Allow => {}
+                Verdict::Delay(ms) if !dry => delay = delay.max(ms),
+                Verdict::Delay(_) => {}
+                Verdict::Reject => {
+                    let worst = most_restrictive(decided.iter()).unwrap_or(0);
+                    let (name, d) = (&group[worst].limit.name, decided[worst]);
+                    if dry {
+                        tracing::info!(limit = %name, "dry run: would reject");
+                    } else if zone_tier {
+                        let zone = &self.zones[origin[start + worst]];
+                        return Err(rejected(
+                            name,
+                            &zone.rate_text,
+                            d.retry_after_ms,
+                            zone.status,
+                            HeaderMap::new(),
+                        ));
+                    } else if let Some(route) = route {
+                        let limit = &route_limits[origin[start + worst]];
+                        let mut headers = HeaderMap::new();
+                        add_headers(
+                            &mut headers,
+                            route.headers,
+                            route.warn_at,
+                            &out.applied,
+                            true,
+                        );
+                        return Err(rejected(
+                            name,
+                            &limit.description,
+                            d.retry_after_ms,
+                            StatusCode::TOO_MANY_REQUESTS,
+                            headers,
+                        ));
+                    }
+                }
+            }
+            start = end;
+        }
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
+        Ok(out)
+    }
+
+    /// `max_conn`: takes a concurrency slot per zone key, or refuses.
+    fn hold_connections(
+        &self,
+        keys: &[(usize, String)],
+        hold: &mut Vec<ConnSlot>,
+    ) -> Result<(), ProxyError> {
+        for (i, key) in keys {
             let zone = &self.zones[*i];
             let (Some(max), Some(counter)) = (zone.max_conn, &self.conns[*i]) else {
                 continue;
@@ -129,185 +262,107 @@ impl Limiter {
                 }
             }
         }
-        // Like nginx, the zones of a request are charged only if all admit.
-        let items: Vec<(Check<'_>, bool)> = keys
-            .iter()
-            .map(|(i, k)| {
-                let zone = &self.zones[*i];
-                (
-                    Check {
-                        limit: &zone.limit,
-                        key: k,
-                        cost: 1,
-                        peek: false,
-                    },
-                    zone.dry_run,
-                )
-            })
-            .collect();
-        let decided = self.decide_groups(&items, self.store.now_ms());
-        if let Some((worst, d)) = decided.rejected_by {
-            let zone = &self.zones[keys[worst].0];
-            return Err(rejected(
-                &zone.limit.name,
-                &zone.rate_text,
-                d.retry_after_ms,
-                zone.status,
-                HeaderMap::new(),
-            ));
-        }
-        let delay = decided.delay;
-        if delay > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
-        }
         Ok(())
     }
 
-    /// Tier 2: every limit of the route at once, all or nothing. Limits
-    /// that count only some statuses are checked now and charged later.
-    pub fn route_limits(
-        &self,
-        route: &RouteConfig,
-        src: &KeySource<'_>,
-        cfg: &ClientIpConfig,
-    ) -> Result<RouteOutcome, ProxyError> {
-        let mut out = RouteOutcome::default();
-        if route.limits.is_empty() {
-            return Ok(out);
+    /// Asks the store; when Redis fails, each limit follows its `on_error`.
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Outcome, ProxyError> {
+        let Some(redis) = &self.redis else {
+            return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
+        };
+        match redis.decide(checks).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => self.fallback(checks, &e),
         }
-        let keys: Vec<Option<String>> = route
-            .limits
-            .iter()
-            .map(|l| key::build(&l.key, src, cfg).map(|k| k.to_string()))
-            .collect();
-        let items: Vec<(Check<'_>, bool)> = route
-            .limits
-            .iter()
-            .zip(&keys)
-            .filter_map(|(l, k)| {
-                let check = Check {
-                    limit: &l.limit,
-                    key: k.as_deref()?,
-                    cost: l.cost,
-                    peek: l.count_status.is_some(),
-                };
-                Some((check, l.dry_run))
-            })
-            .collect();
-        // Limits whose key does not apply to this request are skipped.
-        let index: Vec<usize> = keys
-            .iter()
-            .enumerate()
-            .filter(|(_, k)| k.is_some())
-            .map(|(i, _)| i)
-            .collect();
-        let decided = self.decide_groups(&items, self.store.now_ms());
-        for &(item, d) in &decided.decisions {
-            let limit = &route.limits[index[item]];
-            out.applied.push(Applied {
-                name: limit.limit.name.clone(),
-                decision: d,
-            });
-            if limit.count_status.is_some() && d.admitted() {
-                out.deferred
-                    .push((index[item], items[item].0.key.to_owned()));
-            }
-        }
-        if let Some((worst, d)) = decided.rejected_by {
-            let limit = &route.limits[index[worst]];
-            let mut headers = HeaderMap::new();
-            add_headers(
-                &mut headers,
-                route.headers,
-                route.warn_at,
-                &out.applied,
-                true,
-            );
-            return Err(rejected(
-                &limit.limit.name,
-                &limit.description,
-                d.retry_after_ms,
-                StatusCode::TOO_MANY_REQUESTS,
-                headers,
-            ));
-        }
-        Ok(out)
     }
 
-    /// Decides `items` (a check and whether it is a dry run) in two groups:
-    /// the enforced checks together, all or nothing, then the dry-run ones
-    /// apart, so a dry-run limit never changes what the others charge. An
-    /// enforced rejection stops there: the dry-run limits do not count a
-    /// request that is refused anyway.
-    fn decide_groups(&self, items: &[(Check<'_>, bool)], now: u64) -> Decided {
-        let mut out = Decided {
-            decisions: Vec::with_capacity(items.len()),
-            rejected_by: None,
-            delay: 0,
-        };
-        for dry in [false, true] {
-            let picked: Vec<usize> = (0..items.len()).filter(|&i| items[i].1 == dry).collect();
-            if picked.is_empty() {
-                continue;
+    /// The decision without Redis: `fail_closed` refuses with a 503,
+    /// `fail_open` admits, `local` asks this process's memory store (with
+    /// the limit divided by `store.replicas`). Groups keep their meaning.
+    fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, ProxyError> {
+        if let Some(c) = checks
+            .iter()
+            .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
+        {
+            let name = &c.limit.name;
+            return Err(ProxyError::RateLimited {
+                limit: name.to_string(),
+                detail: format!("rate limit '{name}' cannot be checked ({err}); retry in 1s"),
+                retry_after: 1,
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                headers: Box::default(),
+            });
+        }
+        tracing::debug!(error = %err, "rate-limit store failed; limits follow on_error");
+        let now = self.memory.now_ms();
+        let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
+        let mut decisions = Vec::with_capacity(checks.len());
+        for group in groups(checks) {
+            let scaled: Vec<Limit> = group
+                .iter()
+                .filter(|c| local(c))
+                .map(|c| Limit {
+                    algorithm: c.limit.local.clone(),
+                    ..c.limit.clone()
+                })
+                .collect();
+            let local_checks: Vec<Check<'_>> = group
+                .iter()
+                .filter(|c| local(c))
+                .zip(&scaled)
+                .map(|(c, limit)| Check { limit, ..*c })
+                .collect();
+            let mut decided = self
+                .memory
+                .decide_at(&local_checks, now)
+                .decisions
+                .into_iter();
+            let before = decisions.len();
+            for c in group {
+                if local(c) {
+                    decisions.extend(decided.next());
+                } else {
+                    let (limit, window_ms) = c.limit.algorithm.policy();
+                    decisions.push(Decision {
+                        verdict: Verdict::Allow,
+                        limit,
+                        remaining: limit.saturating_sub(c.cost),
+                        reset_ms: 0,
+                        retry_after_ms: 0,
+                        window_ms,
+                    });
+                }
             }
-            let checks: Vec<Check<'_>> = picked.iter().map(|&i| items[i].0).collect();
-            let outcome = self.store.decide_at(&checks, now);
-            out.decisions.extend(
-                picked
-                    .iter()
-                    .copied()
-                    .zip(outcome.decisions.iter().copied()),
-            );
-            match outcome.verdict() {
-                Verdict::Allow => {}
-                Verdict::Delay(ms) => {
-                    if !dry {
-                        out.delay = ms;
-                    }
-                }
-                Verdict::Reject => {
-                    let Some(worst) = outcome.most_restrictive() else {
-                        continue;
-                    };
-                    if dry {
-                        tracing::info!(limit = %checks[worst].limit.name, "dry run: would reject");
-                        continue;
-                    }
-                    out.rejected_by = Some((picked[worst], outcome.decisions[worst]));
-                    return out;
-                }
+            if !group[0].dry_run && !decisions[before..].iter().all(Decision::admitted) {
+                break;
             }
         }
-        out
+        Ok(Outcome { decisions })
     }
 
     /// Charges the limits that count only some statuses, now that the
     /// upstream answered `status`.
-    pub fn charge_outcome(&self, route: &RouteConfig, deferred: &[(usize, String)], status: u16) {
-        let now = self.store.now_ms();
-        for (i, key) in deferred {
-            let l = &route.limits[*i];
-            if l.count_status.as_ref().is_some_and(|s| s.contains(&status)) {
-                let check = Check {
-                    limit: &l.limit,
-                    key,
-                    cost: l.cost,
-                    peek: false,
-                };
-                let _ = self.store.decide_at(std::slice::from_ref(&check), now);
-            }
+    pub async fn charge_outcome(
+        &self,
+        route: &RouteConfig,
+        deferred: &[(usize, String)],
+        status: u16,
+    ) {
+        let checks: Vec<Check<'_>> = deferred
+            .iter()
+            .filter_map(|(i, key)| {
+                let l = &route.limits[*i];
+                l.count_status
+                    .as_ref()
+                    .is_some_and(|s| s.contains(&status))
+                    .then(|| Check::new(&l.limit, key, l.cost))
+            })
+            .collect();
+        // Each is charged on its own: one over its limit does not stop the others.
+        for check in &checks {
+            let _ = self.decide(std::slice::from_ref(check)).await;
         }
     }
-}
-
-/// What [`Limiter::decide_groups`] found.
-struct Decided {
-    /// (index into the items, decision), enforced group first.
-    decisions: Vec<(usize, Decision)>,
-    /// The enforced item that rejected (the most restrictive one).
-    rejected_by: Option<(usize, Decision)>,
-    /// How long the enforced group says to wait (nginx delay).
-    delay: u64,
 }
 
 /// The 429 (or 503) for a limit that rejected, with its retry advice.
@@ -345,7 +400,7 @@ pub fn add_headers(
     rejected: bool,
 ) {
     use std::fmt::Write;
-    let Some(worst) = crate::limiter::most_restrictive(applied.iter().map(|a| &a.decision)) else {
+    let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
     let w = &applied[worst];
@@ -450,4 +505,38 @@ impl Drop for ConnSlot {
             }
         }
     }
+}
+
+/// Connects the Redis store when `store.kind` is redis or redis_cluster. An
+/// unreachable Redis is logged, not fatal: limits follow `on_error` until
+/// it answers.
+pub async fn open_store(
+    store: &StoreConfig,
+    zones: &[crate::limiter::memory::ZoneSpec],
+) -> Result<Option<RedisStore>, String> {
+    let (nodes, cluster) = match &store.kind {
+        StoreKind::Memory => return Ok(None),
+        StoreKind::Redis { url } => (vec![url.clone()], false),
+        StoreKind::Cluster { nodes } => (nodes.clone(), true),
+    };
+    let options = RedisOptions {
+        nodes,
+        cluster,
+        prefix: store.prefix.clone(),
+        timeout: store.timeout,
+        connect_timeout: store.connect_timeout,
+        breaker_failures: store.breaker_failures,
+        probe_interval: store.probe_interval,
+        cache_rejections: store.cache_rejections,
+        tls_ca: store.tls_ca.clone(),
+    };
+    let (redis, warning) = RedisStore::connect(&options, zones).await?;
+    match warning {
+        Some(why) => tracing::warn!(
+            error = %why,
+            "rate-limit store: Redis is not reachable yet; limits follow on_error until it is"
+        ),
+        None => tracing::info!(kind = ?store.kind, "rate-limit store: connected"),
+    }
+    Ok(Some(redis))
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! client_ip -> normalize + route -> identity -> bypass / webhook sources
-//!   -> zones -> route limits -> upstream (forward) -> response
+//!   -> zones + route limits (one store decision) -> upstream (forward)
+//!   -> response
 //! ```
 //!
 //! Route matching precedes the zones because a route may list the zones it
@@ -81,7 +82,7 @@ pub struct ConnInfo {
 
 impl Pipeline {
     /// Takes the routes out of `config`; the rest of it is only read.
-    pub fn new(config: &mut Config) -> Self {
+    pub fn new(config: &mut Config, redis: Option<crate::limiter::redis::RedisStore>) -> Self {
         Pipeline {
             routes: std::mem::take(&mut config.routes),
             upstreams: config
@@ -100,6 +101,7 @@ impl Pipeline {
                 std::mem::take(&mut config.zones),
                 std::mem::take(&mut config.bypass),
                 &config.store_zones,
+                redis,
             ),
         }
     }
@@ -197,13 +199,16 @@ impl Pipeline {
             identity: &identity,
             headers: req.headers(),
         };
-        if !exempt {
-            // Tier 1. A request that matches no route still meets every zone.
+        // Both tiers in one decision. A request that matches no route
+        // still meets every zone.
+        let outcome = if exempt {
+            RouteOutcome::default()
+        } else {
             let zones = route.map_or(self.all_zones.as_slice(), |r| r.zones.as_slice());
             self.limiter
-                .zones(zones, &src, &self.client_ip, &mut end.slots)
-                .await?;
-        }
+                .limit(zones, route, &src, &self.client_ip, &mut end.slots)
+                .await?
+        };
         let route = match found {
             RouteMatch::Found(r) => r,
             RouteMatch::MethodNotAllowed(allow) => {
@@ -221,12 +226,6 @@ impl Pipeline {
             }
         };
         end.set_route(&route.name);
-        // Tier 2.
-        let outcome = if exempt {
-            RouteOutcome::default()
-        } else {
-            self.limiter.route_limits(route, &src, &self.client_ip)?
-        };
         let mut resp = match &route.action {
             RouteAction::Respond(r) => response::respond(r, req.method()),
             RouteAction::Forward(i) => {
@@ -238,7 +237,8 @@ impl Pipeline {
         };
         if !outcome.deferred.is_empty() {
             self.limiter
-                .charge_outcome(route, &outcome.deferred, resp.status().as_u16());
+                .charge_outcome(route, &outcome.deferred, resp.status().as_u16())
+                .await;
         }
         limits::add_headers(
             resp.headers_mut(),

@@ -3,6 +3,12 @@
 //! CA with leaf certificates, and small HTTP/1.1, HTTP/2 and TLS clients.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod redis;
+
+#[allow(unused_imports)]
+pub use process::{write_config, Running, BIN};
+
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::net::SocketAddr;

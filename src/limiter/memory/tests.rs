@@ -9,25 +9,22 @@ use super::*;
 use crate::limiter::{Limit, Verdict};
 
 fn limit(name: &str, algorithm: Algorithm, zone: usize) -> Limit {
-    Limit {
-        name: Arc::from(name),
-        algorithm,
-        zone,
-    }
+    Limit::new(name, algorithm, zone)
 }
 
 fn store(limits: &[&Limit], size_bytes: u64) -> MemoryStore {
-    let zones: Vec<ZoneSpec> = limits.iter().map(|_| ZoneSpec { size_bytes }).collect();
+    let zones: Vec<ZoneSpec> = limits
+        .iter()
+        .map(|l| ZoneSpec {
+            name: l.name.clone(),
+            size_bytes,
+        })
+        .collect();
     MemoryStore::new(&zones)
 }
 
 fn check<'a>(limit: &'a Limit, key: &'a str) -> Check<'a> {
-    Check {
-        limit,
-        key,
-        cost: 1,
-        peek: false,
-    }
+    Check::new(limit, key, 1)
 }
 
 #[test]
@@ -383,7 +380,7 @@ proptest! {
         let s = store(&[&a, &b], 1 << 16);
         let (mut ra, mut rb) = (State::Empty, State::Empty);
         for &(t, c) in &trace {
-            let o = s.decide_at(&[Check { limit: &a, key: "k", cost: c, peek: false }, Check { limit: &b, key: "k", cost: c, peek: false }], t);
+            let o = s.decide_at(&[Check::new(&a, "k", c), Check::new(&b, "k", c)], t);
             let da = a.algorithm.check(&mut ra, t, c);
             let db = b.algorithm.check(&mut rb, t, c);
             prop_assert_eq!(o.decisions[0], da);

@@ -1,0 +1,155 @@
+//! Validation of the `store` section: where limit state lives.
+
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+
+use super::checker::Checker;
+use super::compiled::{redact_url, StoreConfig, StoreKind};
+use super::raw::RawStore;
+use crate::limiter::OnError;
+
+pub const DEFAULT_PREFIX: &str = "tollgate:";
+
+pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
+    let mut out = StoreConfig {
+        kind: StoreKind::Memory,
+        prefix: DEFAULT_PREFIX.to_owned(),
+        timeout: Duration::from_millis(10),
+        connect_timeout: Duration::from_secs(1),
+        on_error: OnError::Local,
+        replicas: 1,
+        breaker_failures: 5,
+        probe_interval: Duration::from_millis(250),
+        cache_rejections: true,
+        tls_ca: None,
+    };
+    let Some(raw) = raw else {
+        return out;
+    };
+    out.kind = match raw.kind.as_str() {
+        "memory" => {
+            for (set, key) in [(raw.url.is_some(), "url"), (raw.nodes.is_some(), "nodes")] {
+                if set {
+                    c.report(
+                        format!("store.{key}"),
+                        "only used with kind redis or redis_cluster",
+                    );
+                }
+            }
+            StoreKind::Memory
+        }
+        "redis" => {
+            if raw.nodes.is_some() {
+                c.report(
+                    "store.nodes",
+                    "is for kind redis_cluster; kind redis takes one url",
+                );
+            }
+            match &raw.url {
+                Some(url) => {
+                    check_url("store.url", url, c);
+                    StoreKind::Redis { url: url.clone() }
+                }
+                None => {
+                    c.report(
+                        "store.url",
+                        "is required with kind redis, e.g. redis://127.0.0.1:6379",
+                    );
+                    StoreKind::Memory
+                }
+            }
+        }
+        "redis_cluster" => {
+            if raw.url.is_some() {
+                c.report(
+                    "store.url",
+                    "kind redis_cluster takes a list of seed nodes in store.nodes",
+                );
+            }
+            let nodes = raw.nodes.clone().unwrap_or_default();
+            if nodes.is_empty() {
+                c.report(
+                    "store.nodes",
+                    "list at least one seed node, e.g. [redis://10.0.0.1:6379]",
+                );
+            }
+            for (i, n) in nodes.iter().enumerate() {
+                check_url(&format!("store.nodes[{i}]"), n, c);
+            }
+            StoreKind::Cluster { nodes }
+        }
+        other => {
+            c.report(
+                "store.kind",
+                format!("expected memory, redis or redis_cluster, got \"{other}\""),
+            );
+            StoreKind::Memory
+        }
+    };
+    if let Some(p) = &raw.prefix {
+        if p.contains(['{', '}']) {
+            c.report(
+                "store.prefix",
+                "must not contain { or }: tollgate sets the hash tags",
+            );
+        }
+        out.prefix = p.clone();
+    }
+    out.timeout = c.positive_duration("store.timeout", &raw.timeout, out.timeout);
+    out.connect_timeout = c.positive_duration(
+        "store.connect_timeout",
+        &raw.connect_timeout,
+        out.connect_timeout,
+    );
+    if let Some(m) = &raw.on_error {
+        match m.parse() {
+            Ok(m) => out.on_error = m,
+            Err(e) => c.report("store.on_error", e),
+        }
+    }
+    out.replicas = c.number("store.replicas", &raw.replicas, 1u64, 1, 10_000);
+    if let Some(b) = &raw.breaker {
+        out.breaker_failures = c.number("store.breaker.failures", &b.failures, 5u32, 1, 1_000_000);
+        out.probe_interval = c.positive_duration(
+            "store.breaker.probe_interval",
+            &b.probe_interval,
+            out.probe_interval,
+        );
+    }
+    out.cache_rejections = raw.cache_rejections.unwrap_or(true);
+    if let Some(path) = raw.tls.as_ref().and_then(|t| t.ca.as_ref()) {
+        match std::fs::read(path) {
+            Ok(pem) => out.tls_ca = Some(pem),
+            Err(e) => c.report("store.tls.ca", format!("cannot read {path}: {e}")),
+        }
+    }
+    out
+}
+
+fn check_url(path: &str, url: &str, c: &mut Checker) {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        c.report(
+            path,
+            format!(
+                "expected a redis:// or rediss:// URL, got \"{}\"",
+                redact_url(url)
+            ),
+        );
+        return;
+    }
+    if let Err(e) = url.into_connection_info() {
+        c.report(path, format!("not a valid Redis URL ({})", e.category()));
+    }
+}
+
+/// A limit's failure mode: its own `on_error`, else the store's.
+pub fn on_error(raw: &Option<String>, path: &str, store: &StoreConfig, c: &mut Checker) -> OnError {
+    match raw {
+        None => store.on_error,
+        Some(m) => m.parse().unwrap_or_else(|e| {
+            c.report(path, e);
+            store.on_error
+        }),
+    }
+}

@@ -1,0 +1,68 @@
+//! Keys Redis has rejected, with the time until which they stay rejected.
+//!
+//! A rejection stands until its retry time whatever the other replicas do:
+//! they can only add to a key's usage. So a request on a cached key is
+//! refused here, without a round trip, and a flood from one key costs Redis
+//! one command per retry period instead of one per request.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const SHARDS: usize = 16;
+/// Entries a shard holds before it drops expired ones (then everything).
+const SHARD_CAPACITY: usize = 8192;
+
+pub struct RejectCache {
+    shards: Box<[Mutex<HashMap<u64, Instant>>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl RejectCache {
+    pub fn new() -> Self {
+        RejectCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn hash(&self, zone: usize, key: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_usize(zone);
+        h.write(key.as_bytes());
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        self.shards[(hash >> 59) as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long `key` of limit `zone` stays rejected, if it is cached.
+    pub fn rejected_for(&self, zone: usize, key: &str, now: Instant) -> Option<Duration> {
+        let hash = self.hash(zone, key);
+        let mut shard = self.shard(hash);
+        let until = *shard.get(&hash)?;
+        if until > now {
+            Some(until - now)
+        } else {
+            shard.remove(&hash);
+            None
+        }
+    }
+
+    pub fn insert(&self, zone: usize, key: &str, until: Instant) {
+        let hash = self.hash(zone, key);
+        let mut shard = self.shard(hash);
+        if shard.len() >= SHARD_CAPACITY {
+            let now = Instant::now();
+            shard.retain(|_, t| *t > now);
+            if shard.len() >= SHARD_CAPACITY {
+                shard.clear();
+            }
+        }
+        shard.insert(hash, until);
+    }
+}

@@ -1,0 +1,216 @@
+//! The connection to Redis: one multiplexed, pipelined connection (one per
+//! node for a cluster) that every request shares, a circuit breaker, and one
+//! background task that reconnects and probes.
+//!
+//! - A request never opens a connection: when there is none, or the breaker
+//!   is open, it fails at once and the limit's failure mode decides.
+//! - `failures` consecutive errors or timeouts open the breaker. While it is
+//!   open, one probe (reconnect if needed, then `PING`) runs every
+//!   `probe_interval`; the first that succeeds closes it. One task, one
+//!   attempt at a time: a Redis restart never meets a reconnect storm.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use tokio::sync::Notify;
+
+/// How to (re)connect.
+// One per store: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Target {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// A live connection; cheap to clone, shared by concurrent requests.
+#[derive(Clone)]
+pub enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Target {
+    pub async fn connect(&self, timeout: Duration) -> RedisResult<Conn> {
+        let attempt = async {
+            match self {
+                Target::Single(client) => {
+                    // Our own timeout bounds each call; the connection's
+                    // must not cut a call we are still willing to wait for.
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(timeout))
+                        .set_response_timeout(None);
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map(Conn::Single)
+                }
+                Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            }
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting to Redis timed out",
+            ))),
+        }
+    }
+}
+
+/// The current connection, the breaker, and the wake-up for the supervisor.
+pub struct Link {
+    pub target: Target,
+    conn: Mutex<Option<Conn>>,
+    failures: AtomicU32,
+    open: AtomicBool,
+    threshold: u32,
+    wake: Notify,
+    /// Set when the store is dropped: the supervisor ends.
+    closed: AtomicBool,
+}
+
+impl Link {
+    pub fn new(target: Target, threshold: u32) -> Self {
+        Link {
+            target,
+            conn: Mutex::new(None),
+            failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+            threshold,
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The connection to use now, or why there is none.
+    pub fn get(&self) -> Result<Conn, &'static str> {
+        if self.open.load(Ordering::Relaxed) {
+            return Err("circuit breaker open");
+        }
+        self.conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("not connected")
+    }
+
+    pub fn set(&self, conn: Option<Conn>) {
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = conn;
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.get().is_ok()
+    }
+
+    pub fn succeeded(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a failed call; `broken` says the connection itself is gone.
+    pub fn failed(&self, broken: bool) {
+        if broken {
+            self.set(None);
+            self.wake.notify_one();
+        }
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.threshold && !self.open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                failures = n,
+                "rate-limit store: circuit breaker open; limits follow their on_error mode until Redis answers again"
+            );
+            self.wake.notify_one();
+        }
+    }
+
+    /// Stops the supervisor and drops the connection.
+    pub fn shut(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.set(None);
+        self.wake.notify_one();
+    }
+
+    fn close_breaker(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.open.swap(false, Ordering::Relaxed) {
+            tracing::info!("rate-limit store: Redis answers again; circuit breaker closed");
+        }
+    }
+}
+
+/// Keeps `link` connected until it is shut: reconnects when the connection
+/// broke, probes while the breaker is open.
+pub async fn supervise(l: Arc<Link>, connect_timeout: Duration, probe_interval: Duration) {
+    while !l.closed.load(Ordering::Relaxed) {
+        let connected = l.conn.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if connected && !l.open.load(Ordering::Relaxed) {
+            // Healthy: sleep until a call reports trouble.
+            l.wake.notified().await;
+            continue;
+        }
+        if !connected {
+            match l.target.connect(connect_timeout).await {
+                Ok(c) if !l.closed.load(Ordering::Relaxed) => {
+                    l.set(Some(c));
+                    tracing::info!("rate-limit store: connected to Redis");
+                }
+                Ok(_) => return,
+                Err(e) => tracing::debug!(error = %e, "rate-limit store: reconnect failed"),
+            }
+        }
+        let conn = l.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(mut conn) = conn {
+            let ping = tokio::time::timeout(
+                connect_timeout,
+                redis::cmd("PING").query_async::<String>(&mut conn),
+            )
+            .await;
+            match ping {
+                Ok(Ok(_)) => {
+                    l.close_breaker();
+                    continue;
+                }
+                Ok(Err(e)) if e.is_unrecoverable_error() || e.is_io_error() => l.set(None),
+                _ => {}
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(probe_interval) => {}
+            _ = l.wake.notified() => {}
+        }
+    }
+}

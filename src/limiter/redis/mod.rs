@@ -1,0 +1,548 @@
+//! The Redis store: N replicas enforce one limit exactly.
+//!
+//! - Every algorithm runs inside one Lua script (`decide.lua`) that decides
+//!   all the limits of a request atomically, clocked by Redis `TIME`, and
+//!   writes every key with a TTL in the same step. It is sent by `EVALSHA`;
+//!   after a restart or `SCRIPT FLUSH` the `NOSCRIPT` answer makes the
+//!   client load it once more and retry.
+//! - Keys are `<prefix>{<key>}:<limit>`, e.g. `tollgate:{ip:203.0.113.7}:api`:
+//!   the client key is the hash tag, so on Redis Cluster all limits of one
+//!   client key share a slot.
+//! - On a single node a request costs one round trip, whatever its limits.
+//!   On a cluster, checks on different client keys (a zone by IP and a limit
+//!   by user) live in different slots: each slot's part is decided by its
+//!   own script call, all in parallel, each all-or-nothing within itself;
+//!   when one part refuses a group that another part admitted, the admitted
+//!   part's charges are given back (`refund.lua`). A limit is never
+//!   exceeded; for an instant a refused request may hold quota that a
+//!   concurrent request on the admitted key could then not get.
+//! - Every call is bounded by `timeout`; failures feed the circuit breaker
+//!   in [`conn`]. What a failed decision turns into is the caller's
+//!   business (the limit's `on_error`).
+//! - Keys Redis rejected are remembered until their retry time ([`cache`]).
+
+mod cache;
+mod conn;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::memory::ZoneSpec;
+use super::{groups, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
+use cache::RejectCache;
+use conn::{Link, Target};
+
+const DECIDE: &str = include_str!("decide.lua");
+const REFUND: &str = include_str!("refund.lua");
+/// Numbers per decision in the script's answer.
+const STRIDE: usize = 5;
+
+/// How to reach Redis and how patient to be.
+#[derive(Clone)]
+pub struct RedisOptions {
+    /// One URL, or a cluster's seed nodes.
+    pub nodes: Vec<String>,
+    pub cluster: bool,
+    pub prefix: String,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    pub breaker_failures: u32,
+    pub probe_interval: Duration,
+    pub cache_rejections: bool,
+    /// PEM of a private CA, for `rediss://`.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+pub struct RedisStore {
+    link: Arc<Link>,
+    decide: Script,
+    refund: Script,
+    prefix: String,
+    /// Per limit (zone index): the key suffix, its name when unique.
+    suffixes: Box<[String]>,
+    timeout: Duration,
+    cluster: bool,
+    cache: Option<RejectCache>,
+    /// Script calls sent, for benchmarks and tests.
+    calls: AtomicU64,
+}
+
+/// Redis could not be reached or did not answer; `Display` never shows a
+/// password.
+pub type ConnectError = String;
+
+impl RedisStore {
+    /// Builds the store and starts its supervisor. When Redis is not there
+    /// yet the store still starts (limits follow `on_error`) and keeps
+    /// trying in the background; the error is returned for logging.
+    pub async fn connect(
+        options: &RedisOptions,
+        zones: &[ZoneSpec],
+    ) -> Result<(Self, Option<ConnectError>), ConnectError> {
+        let target = target(options)?;
+        let link = Arc::new(Link::new(target, options.breaker_failures));
+        let first = link.target.connect(options.connect_timeout).await;
+        let warning = match first {
+            Ok(c) => {
+                link.set(Some(c));
+                None
+            }
+            Err(e) => Some(describe(&e)),
+        };
+        tokio::spawn(conn::supervise(
+            link.clone(),
+            options.connect_timeout,
+            options.probe_interval,
+        ));
+        let mut suffixes: Vec<String> = Vec::with_capacity(zones.len());
+        for (i, z) in zones.iter().enumerate() {
+            let shared = zones.iter().filter(|o| o.name == z.name).count() > 1;
+            suffixes.push(if shared {
+                format!("{}#{i}", z.name)
+            } else {
+                z.name.to_string()
+            });
+        }
+        let store = RedisStore {
+            link,
+            decide: Script::new(DECIDE),
+            refund: Script::new(REFUND),
+            prefix: options.prefix.clone(),
+            suffixes: suffixes.into(),
+            timeout: options.timeout,
+            cluster: options.cluster,
+            cache: options.cache_rejections.then(RejectCache::new),
+            calls: AtomicU64::new(0),
+        };
+        Ok((store, warning))
+    }
+
+    /// Whether decisions can reach Redis now (connected, breaker closed).
+    pub fn is_up(&self) -> bool {
+        self.link.is_up()
+    }
+
+    /// Script calls sent to Redis so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// `PING`, then loads the script: what `tollgate check --connect` runs.
+    pub async fn check_connection(&self) -> Result<String, ConnectError> {
+        let mut conn = self.link.get().map_err(str::to_owned)?;
+        let ping = async {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            self.decide.prepare_invoke().load_async(&mut conn).await?;
+            Ok::<_, redis::RedisError>(info)
+        };
+        let info = tokio::time::timeout(Duration::from_secs(5), ping)
+            .await
+            .map_err(|_| "Redis did not answer within 5s".to_owned())?
+            .map_err(|e| describe(&e))?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_owned();
+        Ok(version)
+    }
+
+    /// The Redis key of one check.
+    pub fn key(&self, check: &Check<'_>) -> String {
+        format!(
+            "{}{{{}}}:{}",
+            self.prefix, check.key, self.suffixes[check.limit.zone]
+        )
+    }
+
+    /// Decides like [`Store::decide`], at `now` ms instead of Redis `TIME`
+    /// when `now` is not 0 (tests replay traces with it).
+    pub async fn decide_clocked(
+        &self,
+        checks: &[Check<'_>],
+        now: u64,
+    ) -> Result<Outcome, LimiterError> {
+        let local_now = Instant::now();
+        let outcome = match self.cached_cut(checks, local_now) {
+            Some(cut) => self.decide_around(checks, now, cut, local_now).await?,
+            None => Outcome {
+                decisions: self.send(checks, now).await?,
+            },
+        };
+        self.remember(checks, &outcome.decisions, local_now);
+        Ok(outcome)
+    }
+
+    /// The group (start, end) of the first enforced check whose key is
+    /// cached as rejected.
+    fn cached_cut(&self, checks: &[Check<'_>], now: Instant) -> Option<(usize, usize)> {
+        let cache = self.cache.as_ref()?;
+        let mut start = 0;
+        for group in groups(checks) {
+            let end = start + group.len();
+            if !group[0].dry_run
+                && group
+                    .iter()
+                    .any(|c| cache.rejected_for(c.limit.zone, c.key, now).is_some())
+            {
+                return Some((start, end));
+            }
+            start = end;
+        }
+        None
+    }
+
+    /// Decides with the group `cut` known to be rejected: the groups before
+    /// it go to Redis as usual, its other checks go as peeks (so the
+    /// response headers are true), and its cached checks are answered here.
+    async fn decide_around(
+        &self,
+        checks: &[Check<'_>],
+        now: u64,
+        (start, end): (usize, usize),
+        local_now: Instant,
+    ) -> Result<Outcome, LimiterError> {
+        let cache = self.cache.as_ref();
+        let cached: Vec<Option<Duration>> = checks[start..end]
+            .iter()
+            .map(|c| cache.and_then(|k| k.rejected_for(c.limit.zone, c.key, local_now)))
+            .collect();
+        let mut sent: Vec<Check<'_>> = checks[..start].to_vec();
+        for (c, hit) in checks[start..end].iter().zip(&cached) {
+            if hit.is_none() {
+                sent.push(Check { peek: true, ..*c });
+            }
+        }
+        let decided = if sent.is_empty() {
+            Vec::new()
+        } else {
+            self.send(&sent, now).await?
+        };
+        if decided.len() < sent.len() {
+            // An earlier group refused: the outcome ends there.
+            return Ok(Outcome { decisions: decided });
+        }
+        let mut decisions = decided[..start].to_vec();
+        let mut peeked = decided[start..].iter();
+        for (c, hit) in checks[start..end].iter().zip(&cached) {
+            match hit {
+                Some(wait) => decisions.push(cached_rejection(&c.limit.algorithm, *wait)),
+                None => decisions.extend(peeked.next().copied()),
+            }
+        }
+        Ok(Outcome { decisions })
+    }
+
+    fn remember(&self, checks: &[Check<'_>], decisions: &[Decision], now: Instant) {
+        let Some(cache) = &self.cache else { return };
+        for (c, d) in checks.iter().zip(decisions) {
+            if !c.dry_run && !d.admitted() && d.retry_after_ms > 0 {
+                cache.insert(
+                    c.limit.zone,
+                    c.key,
+                    now + Duration::from_millis(d.retry_after_ms),
+                );
+            }
+        }
+    }
+
+    /// One script call, or on a cluster one per client key (see the
+    /// module docs), merged.
+    async fn send(&self, checks: &[Check<'_>], now: u64) -> Result<Vec<Decision>, LimiterError> {
+        if !self.cluster || checks.iter().all(|c| c.key == checks[0].key) {
+            return Ok(self.call(checks, now).await?.1);
+        }
+        let mut parts: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            match parts.iter_mut().find(|(k, _)| *k == c.key) {
+                Some((_, idx)) => idx.push(i),
+                None => parts.push((c.key, vec![i])),
+            }
+        }
+        let subsets: Vec<Vec<Check<'_>>> = parts
+            .iter()
+            .map(|(_, idx)| idx.iter().map(|&i| checks[i]).collect())
+            .collect();
+        let results =
+            futures_util::future::join_all(subsets.iter().map(|sub| self.call(sub, now))).await;
+        // Per check: its decision, and whether its part charged it.
+        let mut merged: Vec<Option<(Decision, bool)>> = vec![None; checks.len()];
+        let mut failure = None;
+        let mut stamps = vec![0u64; parts.len()];
+        for (p, result) in results.into_iter().enumerate() {
+            match result {
+                Ok((stamp, decided)) => {
+                    stamps[p] = stamp;
+                    let sub = &subsets[p];
+                    let mut at = 0;
+                    for group in groups(sub) {
+                        let end = (at + group.len()).min(decided.len());
+                        let admitted = decided.len() >= at + group.len()
+                            && decided[at..end].iter().all(Decision::admitted);
+                        for k in at..end {
+                            let charged = admitted && !sub[k].peek;
+                            merged[parts[p].1[k]] = Some((decided[k], charged));
+                        }
+                        at += group.len();
+                    }
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        // The request's outcome, group by group, as one script would give.
+        let mut decisions = Vec::with_capacity(checks.len());
+        let mut keep = vec![false; checks.len()];
+        let mut start = 0;
+        if failure.is_none() {
+            for group in groups(checks) {
+                let end = start + group.len();
+                let mut complete = true;
+                for m in &merged[start..end] {
+                    match m {
+                        Some((d, _)) => decisions.push(*d),
+                        None => complete = false,
+                    }
+                }
+                let admitted = complete
+                    && decisions[decisions.len() - group.len()..]
+                        .iter()
+                        .all(Decision::admitted);
+                if admitted {
+                    keep[start..end].iter_mut().for_each(|k| *k = true);
+                }
+                if !complete || (!admitted && !group[0].dry_run) {
+                    break;
+                }
+                start = end;
+            }
+        }
+        // Give back what a part charged but the request as a whole did not.
+        for (p, (_, idx)) in parts.iter().enumerate() {
+            let back: Vec<Check<'_>> = idx
+                .iter()
+                .filter(|&&i| merged[i].is_some_and(|(_, charged)| charged) && !keep[i])
+                .map(|&i| checks[i])
+                .collect();
+            if !back.is_empty() {
+                self.spawn_refund(&back, stamps[p]);
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(decisions),
+        }
+    }
+
+    fn spawn_refund(&self, checks: &[Check<'_>], stamp: u64) {
+        let Ok(mut conn) = self.link.get() else {
+            return;
+        };
+        let timeout = self.timeout;
+        // Owned copies: the refund finishes after the request has gone.
+        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
+        let script = self.refund.clone();
+        let mut args: Vec<String> = vec![stamp.to_string()];
+        for c in checks {
+            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
+            args.extend([
+                tag.to_string(),
+                p1.to_string(),
+                p2.to_string(),
+                p3.to_string(),
+            ]);
+            args.push(c.cost.to_string());
+        }
+        tokio::spawn(async move {
+            let mut inv = script.prepare_invoke();
+            for k in &keys {
+                inv.key(k);
+            }
+            for a in &args {
+                inv.arg(a);
+            }
+            let refunded =
+                tokio::time::timeout(timeout * 4, inv.invoke_async::<i64>(&mut conn)).await;
+            if !matches!(refunded, Ok(Ok(_))) {
+                tracing::warn!("rate-limit store: could not give back a refused request's charge; it expires with its key");
+            }
+        });
+    }
+
+    /// One script call: (the script's clock, decisions).
+    async fn call(
+        &self,
+        checks: &[Check<'_>],
+        now: u64,
+    ) -> Result<(u64, Vec<Decision>), LimiterError> {
+        let mut conn = self
+            .link
+            .get()
+            .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
+        let mut invocation = self.decide.prepare_invoke();
+        for c in checks {
+            invocation.key(self.key(c));
+        }
+        invocation.arg(now);
+        for c in checks {
+            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
+            invocation
+                .arg(tag)
+                .arg(p1)
+                .arg(p2)
+                .arg(p3)
+                .arg(c.cost)
+                .arg(u8::from(c.peek))
+                .arg(c.group)
+                .arg(u8::from(c.dry_run));
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let answer =
+            tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn))
+                .await;
+        let values = match answer {
+            Err(_) => {
+                self.link.failed(false);
+                return Err(LimiterError::Timeout(self.timeout.as_millis() as u64));
+            }
+            Ok(Err(e)) => {
+                let broken = e.is_unrecoverable_error() || e.is_io_error();
+                self.link.failed(broken);
+                return Err(LimiterError::Unavailable(describe(&e)));
+            }
+            Ok(Ok(v)) => {
+                self.link.succeeded();
+                v
+            }
+        };
+        parse(checks, &values)
+            .ok_or_else(|| LimiterError::Unavailable("unexpected answer from the script".into()))
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.link.shut();
+    }
+}
+
+impl Store for RedisStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+    ) -> impl std::future::Future<Output = Result<Outcome, LimiterError>> + Send + 'a {
+        self.decide_clocked(checks, 0)
+    }
+}
+
+fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
+    let certs = || redis::TlsCertificates {
+        client_tls: None,
+        root_cert: options.tls_ca.clone(),
+    };
+    if options.cluster {
+        let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
+            .connection_timeout(options.connect_timeout)
+            .retries(0);
+        if options.tls_ca.is_some() {
+            builder = builder.certs(certs());
+        }
+        return builder
+            .build()
+            .map(Target::Cluster)
+            .map_err(|e| describe(&e));
+    }
+    let url = options.nodes.first().ok_or("no Redis URL")?;
+    let client = match options.tls_ca {
+        Some(_) => redis::Client::build_with_tls(url.as_str(), certs()),
+        None => redis::Client::open(url.as_str()),
+    };
+    client.map(Target::Single).map_err(|e| describe(&e))
+}
+
+/// A Redis error in words, without anything from the URL.
+fn describe(e: &redis::RedisError) -> String {
+    match e.detail() {
+        Some(d) => format!("{}: {d}", e.category()),
+        None => e.to_string(),
+    }
+}
+
+/// The script's arguments for an algorithm: tag and three numbers.
+fn params(a: &Algorithm) -> (&'static str, i64, i64, i64) {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    match *a {
+        Algorithm::FixedWindow { limit, window_ms } => ("F", n(limit), n(window_ms), 0),
+        Algorithm::SlidingWindow { limit, window_ms } => ("S", n(limit), n(window_ms), 0),
+        Algorithm::SlidingLog { limit, window_ms } => ("L", n(limit), n(window_ms), 0),
+        Algorithm::TokenBucket {
+            amount,
+            period_ms,
+            burst,
+        } => ("B", n(amount), n(period_ms), n(burst)),
+        Algorithm::Gcra {
+            amount,
+            period_ms,
+            burst,
+        } => ("G", n(amount), n(period_ms), n(burst)),
+        Algorithm::Leaky {
+            rate_milli,
+            burst,
+            delay,
+        } => (
+            "K",
+            n(rate_milli),
+            n(burst),
+            if delay == u64::MAX { -1 } else { n(delay) },
+        ),
+    }
+}
+
+fn parse(checks: &[Check<'_>], values: &[i64]) -> Option<(u64, Vec<Decision>)> {
+    let (&now, rest) = values.split_first()?;
+    if rest.len() % STRIDE != 0 || rest.len() / STRIDE > checks.len() {
+        return None;
+    }
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    let decisions = rest
+        .chunks_exact(STRIDE)
+        .zip(checks)
+        .map(|(v, c)| {
+            let (limit, window_ms) = c.limit.algorithm.policy();
+            let verdict = match v[0] {
+                0 => Verdict::Allow,
+                1 => Verdict::Delay(n(v[1])),
+                _ => Verdict::Reject,
+            };
+            Decision {
+                verdict,
+                limit,
+                remaining: n(v[2]),
+                reset_ms: n(v[3]),
+                retry_after_ms: n(v[4]),
+                window_ms,
+            }
+        })
+        .collect();
+    Some((n(now), decisions))
+}
+
+/// The decision for a key the cache knows is rejected for `wait`.
+fn cached_rejection(algorithm: &Algorithm, wait: Duration) -> Decision {
+    let (limit, window_ms) = algorithm.policy();
+    let ms = (wait.as_millis() as u64).max(1);
+    Decision {
+        verdict: Verdict::Reject,
+        limit,
+        remaining: 0,
+        reset_ms: ms,
+        retry_after_ms: ms,
+        window_ms,
+    }
+}

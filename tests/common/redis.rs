@@ -1,0 +1,225 @@
+//! Real `redis-server` processes for the tests: one node, or a 3-node
+//! cluster built with `redis-cli --cluster create`, each on free loopback
+//! ports, with no persistence, killed when dropped.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn need(tool: &str) {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "{tool} is not installed; the Redis tests need it: apt-get install -y redis-server (scripts/test does this)"
+    );
+}
+
+/// A port free now whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    cluster: bool,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::launch(false)
+    }
+
+    fn launch(cluster: bool) -> RedisServer {
+        need("redis-server");
+        need("redis-cli");
+        let mut server = RedisServer {
+            port: free_port(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            cluster,
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts (again) on the same port, empty. Blocks up to 10 s: a test
+    /// set-up step, brief enough to run on a runtime worker.
+    #[allow(clippy::disallowed_methods)]
+    pub fn restart(&mut self) {
+        let port = self.port.to_string();
+        let mut args = vec![
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ];
+        if self.cluster {
+            args.extend(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+        }
+        let child = Command::new("redis-server")
+            .args(&args)
+            .current_dir(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.try_cli(&["PING"]).as_deref() != Some("PONG") {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Runs a `redis-cli` command on this node and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args)
+            .unwrap_or_else(|| panic!("redis-cli {args:?} failed"))
+    }
+
+    /// `calls` of one command in `INFO commandstats` (0 if never run).
+    pub fn calls(&self, command: &str) -> u64 {
+        let stats = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Keys (from `SCAN`) under `pattern` that have no TTL.
+    pub fn keys_without_ttl(&self, pattern: &str) -> Vec<String> {
+        let keys = self.cli(&["--scan", "--pattern", pattern]);
+        keys.lines()
+            .filter(|k| !k.is_empty())
+            .filter(|k| self.cli(&["PTTL", k]) == "-1")
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn key_count(&self, pattern: &str) -> usize {
+        self.cli(&["--scan", "--pattern", pattern])
+            .lines()
+            .filter(|k| !k.is_empty())
+            .count()
+    }
+
+    /// SIGKILL: the server is gone at once, connections reset.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP / SIGCONT: connections stay open but nothing answers.
+    pub fn pause(&self, paused: bool) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let sig = if paused { "-STOP" } else { "-CONT" };
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// Three masters, slots split by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    #[allow(clippy::disallowed_methods)]
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::launch(true)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            while !n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// YAML list of seed nodes.
+    pub fn seeds(&self) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("'{}'", n.url()))
+            .collect();
+        format!("[{}]", urls.join(", "))
+    }
+
+    /// Sum of a command's calls over all nodes.
+    pub fn calls(&self, command: &str) -> u64 {
+        self.nodes.iter().map(|n| n.calls(command)).sum()
+    }
+}

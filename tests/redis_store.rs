@@ -1,0 +1,242 @@
+//! The Redis store against a real `redis-server`: the same decisions as the
+//! memory store for the same traces, every key with a TTL, and the script
+//! reloaded transparently after `SCRIPT FLUSH`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis::RedisServer;
+use rand::{Rng, SeedableRng};
+use tollgate::limiter::memory::{MemoryStore, ZoneSpec};
+use tollgate::limiter::redis::{RedisOptions, RedisStore};
+use tollgate::limiter::{Algorithm, Check, Limit};
+
+fn options(url: String, cache: bool) -> RedisOptions {
+    RedisOptions {
+        nodes: vec![url],
+        cluster: false,
+        prefix: "tollgate:".into(),
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        breaker_failures: 5,
+        probe_interval: Duration::from_millis(100),
+        cache_rejections: cache,
+        tls_ca: None,
+    }
+}
+
+fn zones(limits: &[Limit]) -> Vec<ZoneSpec> {
+    limits
+        .iter()
+        .map(|l| ZoneSpec {
+            name: l.name.clone(),
+            size_bytes: 1 << 20,
+        })
+        .collect()
+}
+
+fn every_algorithm() -> Vec<Limit> {
+    let algorithms = [
+        Algorithm::FixedWindow {
+            limit: 7,
+            window_ms: 1000,
+        },
+        Algorithm::SlidingWindow {
+            limit: 9,
+            window_ms: 1000,
+        },
+        Algorithm::SlidingLog {
+            limit: 6,
+            window_ms: 1000,
+        },
+        Algorithm::TokenBucket {
+            amount: 5,
+            period_ms: 1000,
+            burst: 8,
+        },
+        Algorithm::Gcra {
+            amount: 5,
+            period_ms: 1000,
+            burst: 8,
+        },
+        Algorithm::Gcra {
+            amount: 3,
+            period_ms: 700,
+            burst: 2,
+        },
+        Algorithm::Leaky {
+            rate_milli: 4000,
+            burst: 5,
+            delay: 2,
+        },
+        Algorithm::Leaky {
+            rate_milli: 16,
+            burst: 3,
+            delay: u64::MAX,
+        },
+        Algorithm::Leaky {
+            rate_milli: 2500,
+            burst: 0,
+            delay: 0,
+        },
+    ];
+    algorithms
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| Limit::new(&format!("alg{i}"), a, i))
+        .collect()
+}
+
+/// Replays one random trace on both stores and compares every decision.
+async fn same_decisions(redis: &RedisStore, memory: &MemoryStore, checks: &[Check<'_>], seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut now = 1_800_000_000_000u64 + rng.gen_range(0..1000);
+    for step in 0..300 {
+        now += match rng.gen_range(0..10) {
+            0..=5 => rng.gen_range(0..40),
+            6..=8 => rng.gen_range(40..400),
+            _ => rng.gen_range(400..3000),
+        };
+        let cost = rng.gen_range(1..=2);
+        let checks: Vec<Check<'_>> = checks.iter().map(|c| Check { cost, ..*c }).collect();
+        let expected = memory.decide_at(&checks, now);
+        let got = redis
+            .decide_clocked(&checks, now)
+            .await
+            .expect("redis decides");
+        assert_eq!(
+            got,
+            expected,
+            "seed {seed}, step {step}, now {now}, cost {cost}, checks {:?}",
+            checks
+                .iter()
+                .map(|c| &c.limit.algorithm)
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_algorithm_decides_alike_on_redis_and_in_memory() {
+    let server = RedisServer::start();
+    let limits = every_algorithm();
+    let (redis, warning) = RedisStore::connect(&options(server.url(), false), &zones(&limits))
+        .await
+        .unwrap();
+    assert!(warning.is_none(), "{warning:?}");
+    let memory = MemoryStore::new(&zones(&limits));
+    for (i, limit) in limits.iter().enumerate() {
+        for seed in 0..4 {
+            let key = format!("solo:{seed}");
+            same_decisions(
+                &redis,
+                &memory,
+                &[Check::new(limit, &key, 1)],
+                100 * i as u64 + seed,
+            )
+            .await;
+        }
+    }
+    assert!(server.keys_without_ttl("tollgate:*").is_empty());
+}
+
+#[tokio::test]
+async fn groups_are_all_or_nothing_alike_on_both_stores() {
+    let server = RedisServer::start();
+    let limits = every_algorithm();
+    let (redis, _) = RedisStore::connect(&options(server.url(), false), &zones(&limits))
+        .await
+        .unwrap();
+    let memory = MemoryStore::new(&zones(&limits));
+    for seed in 0..12u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // Three groups: two enforced limits, a dry-run one, then two more
+        // enforced (one of them a peek, as for `count: {status}`).
+        let pick: Vec<&Limit> = (0..5)
+            .map(|_| &limits[rng.gen_range(0..limits.len())])
+            .collect();
+        let mut used = std::collections::HashSet::new();
+        if !pick.iter().all(|l| used.insert(l.zone)) {
+            continue;
+        }
+        let key = format!("group:{seed}");
+        let checks = [
+            Check {
+                group: 0,
+                ..Check::new(pick[0], &key, 1)
+            },
+            Check {
+                group: 0,
+                ..Check::new(pick[1], &key, 1)
+            },
+            Check {
+                group: 0,
+                dry_run: true,
+                ..Check::new(pick[2], &key, 1)
+            },
+            Check {
+                group: 1,
+                ..Check::new(pick[3], &key, 1)
+            },
+            Check {
+                group: 1,
+                peek: true,
+                ..Check::new(pick[4], &key, 1)
+            },
+        ];
+        same_decisions(&redis, &memory, &checks, 1000 + seed).await;
+    }
+    assert!(server.keys_without_ttl("tollgate:*").is_empty());
+}
+
+#[tokio::test]
+async fn script_flush_and_restart_are_invisible() {
+    let mut server = RedisServer::start();
+    let limit = Limit::new(
+        "flush",
+        Algorithm::FixedWindow {
+            limit: 1000,
+            window_ms: 60_000,
+        },
+        0,
+    );
+    let (redis, _) = RedisStore::connect(
+        &options(server.url(), false),
+        &zones(std::slice::from_ref(&limit)),
+    )
+    .await
+    .unwrap();
+    for round in 0..20 {
+        if round % 5 == 0 {
+            server.cli(&["SCRIPT", "FLUSH"]);
+        }
+        let checks = [Check::new(&limit, "k", 1)];
+        let outcome = redis
+            .decide(&checks)
+            .await
+            .expect("decides after SCRIPT FLUSH");
+        assert_eq!(outcome.decisions[0].remaining, 999 - round);
+    }
+    // A restart loses the state and the script; after reconnecting both
+    // come back without an error reaching the caller.
+    server.kill();
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let checks = [Check::new(&limit, "k", 1)];
+        match redis.decide(&checks).await {
+            Ok(o) => {
+                assert_eq!(o.decisions[0].remaining, 999);
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "not back within 2s: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+use tollgate::limiter::Store;
