@@ -30,13 +30,16 @@ enum Command {
     Check {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
         config: PathBuf,
+        /// Also connect to the rate-limit store (Redis) and load its script.
+        #[arg(long)]
+        connect: bool,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, connect } => check(&config, connect),
         Command::Run { config } => match run(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -66,14 +69,51 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
     })
 }
 
-fn check(path: &Path) -> ExitCode {
+fn check(path: &Path, connect: bool) -> ExitCode {
     match load(path) {
         Ok(config) => {
             println!("tollgate: {} is valid\n", path.display());
             print!("{}", config.summary());
+            if connect {
+                return check_store(&config);
+            }
             ExitCode::SUCCESS
         }
         Err(code) => code,
+    }
+}
+
+/// `check --connect`: reaches the store and loads the script, or says why not.
+fn check_store(config: &Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tollgate: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result: Result<String, String> = runtime.block_on(async {
+        let store = tollgate::pipeline::limits::open_store(&config.store, &config.store_zones);
+        match store.await? {
+            None => Ok("memory (nothing to connect to)".to_owned()),
+            Some(redis) => {
+                let version = redis.check_connection().await?;
+                Ok(format!("Redis {version}: connected, script loaded"))
+            }
+        }
+    });
+    match result {
+        Ok(what) => {
+            println!("\nstore: {what}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("tollgate: the rate-limit store is not reachable: {why}");
+            ExitCode::FAILURE
+        }
     }
 }
 

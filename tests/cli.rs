@@ -247,3 +247,49 @@ async fn the_access_log_has_one_json_event_per_request() {
     assert_eq!(events[1]["status"], 404);
     assert_eq!(events[1]["upstream"], "-");
 }
+
+#[test]
+fn check_connect_reaches_redis_or_says_why_not() {
+    let redis = common::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |url: &str| {
+        format!(
+            "listeners: [{{ bind: '127.0.0.1:0' }}]\nstore: {{ kind: redis, url: '{url}' }}\nroutes: [{{ match: {{ path: / }}, respond: {{}} }}]\n"
+        )
+    };
+    let path = write_config(&dir, &yaml(&redis.url()));
+    let out = Command::new(BIN)
+        .args(["check", "--connect", "--config", &path])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("store: Redis "), "{stdout}");
+    assert!(stdout.contains("connected, script loaded"), "{stdout}");
+    let memory = redis.cli(&["INFO", "memory"]);
+    assert!(memory.contains("number_of_cached_scripts:1"), "{memory}");
+
+    // A dead port: exit 1 with the reason, and never the password.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = write_config(
+        &dir,
+        &yaml(&format!("redis://app:hunter2@127.0.0.1:{port}")),
+    );
+    let out = Command::new(BIN)
+        .args(["check", "--connect", "--config", &path])
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("rate-limit store is not reachable"), "{all}");
+    assert!(all.contains("refused"), "{all}");
+    assert!(!all.contains("hunter2"), "{all}");
+}

@@ -1,6 +1,9 @@
 //! The admin listener (default `127.0.0.1:9090`): `/healthz` says the
 //! process is alive, `/readyz` says the config is loaded and every listener
 //! is bound, and turns 503 while draining so load balancers stop sending.
+//! `/readyz` also reports the rate-limit store; a Redis that is down does
+//! not make the replica unready (its limits follow `on_error`, and pulling
+//! every replica out of the load balancer would not bring Redis back).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +22,7 @@ pub struct AdminState {
     /// False once shutdown has begun.
     pub ready: Arc<AtomicBool>,
     pub listeners: Vec<(String, SocketAddr)>,
+    pub pipeline: Arc<crate::pipeline::Pipeline>,
 }
 
 pub async fn serve(listener: TcpListener, state: AdminState) {
@@ -52,7 +56,11 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
             if state.ready.load(Ordering::SeqCst) {
                 (
                     StatusCode::OK,
-                    serde_json::json!({ "status": "ready", "listeners": listeners }),
+                    serde_json::json!({
+                        "status": "ready",
+                        "listeners": listeners,
+                        "store": state.pipeline.store_report(),
+                    }),
                 )
             } else {
                 (

@@ -115,6 +115,18 @@ impl Config {
             self.client_ip.ipv4_prefix,
             self.client_ip.ipv6_prefix,
         );
+        let st = &self.store;
+        let _ = match &st.kind {
+            StoreKind::Memory => writeln!(s, "store:     memory (this process only)"),
+            kind => writeln!(
+                s,
+                "store:     {kind:?}, prefix {:?}, timeout {}, on_error {}, breaker after {} failures",
+                st.prefix,
+                units::format_duration(st.timeout),
+                st.on_error,
+                st.breaker_failures,
+            ),
+        };
         if let Some(id) = &self.identity {
             let jwt = id.jwt.as_ref().map(|j| {
                 let algs: Vec<String> = j

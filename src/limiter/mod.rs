@@ -90,6 +90,16 @@ pub enum OnError {
     Local,
 }
 
+impl std::fmt::Display for OnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnError::FailOpen => "fail_open",
+            OnError::FailClosed => "fail_closed",
+            OnError::Local => "local",
+        })
+    }
+}
+
 impl std::str::FromStr for OnError {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

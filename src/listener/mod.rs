@@ -167,6 +167,7 @@ impl Server {
                 admin::AdminState {
                     ready: ready.clone(),
                     listeners: listed,
+                    pipeline: self.pipeline.clone(),
                 },
             ))
         });

@@ -106,6 +106,18 @@ impl Pipeline {
         }
     }
 
+    /// The rate-limit store's state, for `/readyz`.
+    pub fn store_report(&self) -> serde_json::Value {
+        match self.limiter.redis() {
+            None => serde_json::json!({ "kind": "memory", "up": true }),
+            Some(r) => serde_json::json!({
+                "kind": "redis",
+                "up": r.is_up(),
+                "calls": r.calls(),
+            }),
+        }
+    }
+
     pub fn client_ip_config(&self) -> &ClientIpConfig {
         &self.client_ip
     }

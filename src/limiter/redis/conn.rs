@@ -93,7 +93,9 @@ impl Target {
 /// The current connection, the breaker, and the wake-up for the supervisor.
 pub struct Link {
     pub target: Target,
-    conn: Mutex<Option<Conn>>,
+    /// The connection and its generation: a late failure of an older
+    /// connection must not drop a newer one.
+    conn: Mutex<(u64, Option<Conn>)>,
     failures: AtomicU32,
     open: AtomicBool,
     threshold: u32,
@@ -106,7 +108,7 @@ impl Link {
     pub fn new(target: Target, threshold: u32) -> Self {
         Link {
             target,
-            conn: Mutex::new(None),
+            conn: Mutex::new((0, None)),
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
             threshold,
@@ -115,20 +117,37 @@ impl Link {
         }
     }
 
-    /// The connection to use now, or why there is none.
-    pub fn get(&self) -> Result<Conn, &'static str> {
+    /// The connection to use now (with its generation), or why there is none.
+    pub fn get(&self) -> Result<(u64, Conn), &'static str> {
         if self.open.load(Ordering::Relaxed) {
             return Err("circuit breaker open");
         }
+        let slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        match &slot.1 {
+            Some(c) => Ok((slot.0, c.clone())),
+            None => Err("not connected"),
+        }
+    }
+
+    fn current(&self) -> Option<Conn> {
         self.conn
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .1
             .clone()
-            .ok_or("not connected")
     }
 
     pub fn set(&self, conn: Option<Conn>) {
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = conn;
+        let mut slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = (slot.0 + 1, conn);
+    }
+
+    /// Drops the connection of generation `generation`, if still current.
+    fn drop_generation(&self, generation: u64) {
+        let mut slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.0 == generation {
+            *slot = (generation + 1, None);
+        }
     }
 
     pub fn is_up(&self) -> bool {
@@ -141,10 +160,11 @@ impl Link {
         }
     }
 
-    /// Counts a failed call; `broken` says the connection itself is gone.
-    pub fn failed(&self, broken: bool) {
+    /// Counts a failed call on the connection of `generation`; `broken`
+    /// says that connection itself is gone.
+    pub fn failed(&self, generation: u64, broken: bool) {
         if broken {
-            self.set(None);
+            self.drop_generation(generation);
             self.wake.notify_one();
         }
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -176,7 +196,7 @@ impl Link {
 /// broke, probes while the breaker is open.
 pub async fn supervise(l: Arc<Link>, connect_timeout: Duration, probe_interval: Duration) {
     while !l.closed.load(Ordering::Relaxed) {
-        let connected = l.conn.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let connected = l.current().is_some();
         if connected && !l.open.load(Ordering::Relaxed) {
             // Healthy: sleep until a call reports trouble.
             l.wake.notified().await;
@@ -192,8 +212,7 @@ pub async fn supervise(l: Arc<Link>, connect_timeout: Duration, probe_interval: 
                 Err(e) => tracing::debug!(error = %e, "rate-limit store: reconnect failed"),
             }
         }
-        let conn = l.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(mut conn) = conn {
+        if let Some(mut conn) = l.current() {
             let ping = tokio::time::timeout(
                 connect_timeout,
                 redis::cmd("PING").query_async::<String>(&mut conn),

@@ -132,7 +132,15 @@ impl RedisStore {
 
     /// `PING`, then loads the script: what `tollgate check --connect` runs.
     pub async fn check_connection(&self) -> Result<String, ConnectError> {
-        let mut conn = self.link.get().map_err(str::to_owned)?;
+        let mut conn = match self.link.get() {
+            Ok((_, c)) => c,
+            Err(_) => self
+                .link
+                .target
+                .connect(Duration::from_secs(5))
+                .await
+                .map_err(|e| describe(&e))?,
+        };
         let ping = async {
             let info: String = redis::cmd("INFO")
                 .arg("server")
@@ -341,7 +349,7 @@ impl RedisStore {
     }
 
     fn spawn_refund(&self, checks: &[Check<'_>], stamp: u64) {
-        let Ok(mut conn) = self.link.get() else {
+        let Ok((_, mut conn)) = self.link.get() else {
             return;
         };
         let timeout = self.timeout;
@@ -381,7 +389,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<(u64, Vec<Decision>), LimiterError> {
-        let mut conn = self
+        let (generation, mut conn) = self
             .link
             .get()
             .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
@@ -408,12 +416,12 @@ impl RedisStore {
                 .await;
         let values = match answer {
             Err(_) => {
-                self.link.failed(false);
+                self.link.failed(generation, false);
                 return Err(LimiterError::Timeout(self.timeout.as_millis() as u64));
             }
             Ok(Err(e)) => {
                 let broken = e.is_unrecoverable_error() || e.is_io_error();
-                self.link.failed(broken);
+                self.link.failed(generation, broken);
                 return Err(LimiterError::Unavailable(describe(&e)));
             }
             Ok(Ok(v)) => {

@@ -1,0 +1,356 @@
+//! The proxy on a real Redis when things go wrong: Redis killed, paused or
+//! flushed mid-load, never reachable, or flooded by one key; and the
+//! all-or-nothing rule across Redis Cluster slots.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::*;
+use http::StatusCode;
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A `respond` route with `limits`, on the given store.
+fn limited(store: &str, limits: &str) -> String {
+    config(&format!(
+        "store: {{ {store} }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{ body: \"ok\\n\" }}
+    limits: [{limits}]
+"
+    ))
+}
+
+async fn get_with(addr: SocketAddr, header: (&'static str, &str)) -> Got {
+    let mut s = h1(addr).await;
+    let mut req = request("GET", "/", empty());
+    req.headers_mut()
+        .insert(header.0, header.1.parse().expect("header value"));
+    send1(&mut s, req).await
+}
+
+/// One request's fate during a load run.
+#[derive(Debug, Clone)]
+struct Sample {
+    started: Duration,
+    took: Duration,
+    status: u16,
+    /// The problem detail of a 503, shown when an assertion fails.
+    #[allow(dead_code)]
+    detail: String,
+}
+
+/// `loops` clients on keep-alive connections, each sending requests back
+/// to back for `length`; `during` runs alongside (it breaks Redis).
+async fn load<F: std::future::Future<Output = ()>>(
+    addr: SocketAddr,
+    loops: usize,
+    length: Duration,
+    during: F,
+) -> Vec<Sample> {
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..loops {
+        let samples = samples.clone();
+        tasks.spawn(async move {
+            let mut s = h1(addr).await;
+            while t0.elapsed() < length {
+                let started = t0.elapsed();
+                let got = send1(&mut s, request("GET", "/", empty())).await;
+                let mut detail = String::new();
+                if got.status == StatusCode::SERVICE_UNAVAILABLE {
+                    assert_eq!(got.headers["retry-after"], "1");
+                    assert_eq!(got.headers["content-type"], "application/problem+json");
+                    detail = got.json()["detail"].as_str().unwrap_or_default().to_owned();
+                    assert!(detail.contains("cannot be checked"), "{detail}");
+                }
+                samples.lock().unwrap().push(Sample {
+                    started,
+                    took: t0.elapsed() - started,
+                    status: got.status.as_u16(),
+                    detail,
+                });
+            }
+        });
+    }
+    during.await;
+    while tasks.join_next().await.is_some() {}
+    let samples = samples.lock().unwrap().clone();
+    samples
+}
+
+const TIMEOUT_MS: u64 = 100;
+
+fn failing_closed(redis: &RedisServer) -> String {
+    limited(
+        &format!(
+            "kind: redis, url: '{}', timeout: {TIMEOUT_MS}ms, on_error: fail_closed, breaker: {{ failures: 3, probe_interval: 100ms }}",
+            redis.url()
+        ),
+        "{ name: all, algorithm: fixed_window, key: global, limit: 100000000, window: 1h }",
+    )
+}
+
+/// Every request answered within timeout + 100 ms; 200 before the trouble;
+/// 200 again within 2 s of Redis being back, and from then on.
+fn assert_recovers(samples: &[Sample], trouble: Duration, back: Duration) {
+    let bound = Duration::from_millis(TIMEOUT_MS + 100);
+    let slowest = samples.iter().map(|s| s.took).max().unwrap_or_default();
+    assert!(slowest <= bound, "a request took {slowest:?}");
+    let before: Vec<_> = samples
+        .iter()
+        .filter(|s| s.started + s.took < trouble)
+        .collect();
+    assert!(!before.is_empty() && before.iter().all(|s| s.status == 200));
+    assert!(
+        samples.iter().any(|s| s.status == 503),
+        "no request met the outage"
+    );
+    let resumed = samples
+        .iter()
+        .filter(|s| s.started > back && s.status == 200)
+        .map(|s| s.started)
+        .min()
+        .expect("shared counting never resumed");
+    assert!(
+        resumed - back <= Duration::from_secs(2),
+        "resumed {:?} after Redis came back",
+        resumed - back
+    );
+    // Requests already in flight when it came back may still have been
+    // refused; everything sent a moment later is decided by Redis again.
+    let settled = resumed + Duration::from_millis(50);
+    let late: Vec<_> = samples
+        .iter()
+        .filter(|s| s.started > settled && s.status != 200)
+        .collect();
+    assert!(late.is_empty(), "failures after recovery: {late:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
+    let redis = Arc::new(Mutex::new(RedisServer::start()));
+    let yaml = failing_closed(&redis.lock().unwrap());
+    let proxy = TestProxy::spawn(&yaml).await;
+    let (kill_at, back_at) = (Duration::from_millis(600), Duration::from_millis(1600));
+    let chaos = {
+        let redis = redis.clone();
+        async move {
+            tokio::time::sleep(kill_at).await;
+            redis.lock().unwrap().kill();
+            tokio::time::sleep(back_at - kill_at).await;
+            redis.lock().unwrap().restart();
+        }
+    };
+    let samples = load(proxy.addr(), 6, Duration::from_millis(4500), chaos).await;
+    assert_recovers(&samples, kill_at, back_at + Duration::from_millis(100));
+    let redis = redis.lock().unwrap();
+    // No reconnect storm: one connection from the proxy (and redis-cli's).
+    let clients = redis.cli(&["CLIENT", "LIST"]).lines().count();
+    assert_eq!(clients, 2, "{}", redis.cli(&["CLIENT", "LIST"]));
+    assert!(redis.keys_without_ttl("*").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_mid_load_fails_closed_within_the_timeout_then_recovers() {
+    let redis = Arc::new(Mutex::new(RedisServer::start()));
+    let yaml = failing_closed(&redis.lock().unwrap());
+    let proxy = TestProxy::spawn(&yaml).await;
+    let (pause_at, back_at) = (Duration::from_millis(600), Duration::from_millis(1600));
+    let chaos = {
+        let redis = redis.clone();
+        async move {
+            tokio::time::sleep(pause_at).await;
+            redis.lock().unwrap().pause(true);
+            tokio::time::sleep(back_at - pause_at).await;
+            redis.lock().unwrap().pause(false);
+        }
+    };
+    let samples = load(proxy.addr(), 6, Duration::from_millis(4500), chaos).await;
+    assert_recovers(&samples, pause_at, back_at);
+    let redis = redis.lock().unwrap();
+    assert!(redis.keys_without_ttl("*").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_load_costs_no_request() {
+    let redis = Arc::new(Mutex::new(RedisServer::start()));
+    let yaml = failing_closed(&redis.lock().unwrap());
+    let proxy = TestProxy::spawn(&yaml).await;
+    let flushes = {
+        let redis = redis.clone();
+        async move {
+            for _ in 0..15 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                redis.lock().unwrap().cli(&["SCRIPT", "FLUSH"]);
+            }
+        }
+    };
+    let samples = load(proxy.addr(), 4, Duration::from_millis(2000), flushes).await;
+    let failed: Vec<_> = samples.iter().filter(|s| s.status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed",
+        failed.len(),
+        samples.len()
+    );
+    let redis = redis.lock().unwrap();
+    assert!(redis.calls("script|load") + redis.calls("eval") >= 10);
+    assert!(redis.keys_without_ttl("*").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_key_is_refused_from_the_cache() {
+    let redis = RedisServer::start();
+    let flood = |cache: bool| {
+        limited(
+            &format!("kind: redis, url: '{}', timeout: 2s, cache_rejections: {cache}", redis.url()),
+            "{ name: flood, algorithm: sliding_window, key: 'header:x-flood', limit: 10, window: 1m }",
+        )
+    };
+    let mut counts = Vec::new();
+    for cache in [true, false] {
+        let proxy = TestProxy::spawn(&flood(cache)).await;
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let addr = proxy.addr();
+            tasks.spawn(async move {
+                let mut s = h1(addr).await;
+                let mut ok = 0;
+                for _ in 0..50 {
+                    let mut req = request("GET", "/", empty());
+                    req.headers_mut()
+                        .insert("x-flood", format!("{cache}").parse().unwrap());
+                    ok += usize::from(send1(&mut s, req).await.status == StatusCode::OK);
+                }
+                ok
+            });
+        }
+        let mut admitted = 0;
+        while let Some(ok) = tasks.join_next().await {
+            admitted += ok.unwrap();
+        }
+        assert_eq!(admitted, 10);
+        counts.push(redis.calls("evalsha") + redis.calls("eval"));
+    }
+    let (cached, uncached) = (counts[0], counts[1]);
+    assert!(
+        uncached >= 500,
+        "without the cache Redis saw {uncached} calls"
+    );
+    assert!(
+        cached <= 50,
+        "with the cache Redis saw {cached} calls for 500 requests"
+    );
+}
+
+#[tokio::test]
+async fn failure_modes_decide_when_redis_never_answers() {
+    let url = format!("redis://:hunter2@127.0.0.1:{}", closed_port());
+    let store = |mode: &str| {
+        format!("kind: redis, url: '{url}', timeout: 50ms, on_error: {mode}, replicas: 2")
+    };
+    let limit = "{ name: api, algorithm: fixed_window, key: 'header:x-k', limit: 10, window: 1m }";
+
+    let open = TestProxy::spawn(&limited(&store("fail_open"), limit)).await;
+    for _ in 0..15 {
+        assert_eq!(get_with(open.addr(), ("x-k", "a")).await.status, 200);
+    }
+
+    let closed = TestProxy::spawn(&limited(&store("fail_closed"), limit)).await;
+    let got = get_with(closed.addr(), ("x-k", "a")).await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.headers["retry-after"], "1");
+    let body = got.json();
+    assert_eq!(body["limit"], "api");
+    assert!(!String::from_utf8_lossy(&got.body).contains("hunter2"));
+
+    // local: this replica takes limit / replicas = 5.
+    let local = TestProxy::spawn(&limited(&store("local"), limit)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(get_with(local.addr(), ("x-k", "a")).await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+
+    // A limit's own on_error wins over the store's.
+    let own = "{ name: api, algorithm: fixed_window, key: 'header:x-k', limit: 10, window: 1m, on_error: fail_open }";
+    let overridden = TestProxy::spawn(&limited(&store("fail_closed"), own)).await;
+    assert_eq!(get_with(overridden.addr(), ("x-k", "a")).await.status, 200);
+}
+
+#[tokio::test]
+async fn readyz_reports_the_store() {
+    let mut redis = RedisServer::start();
+    let yaml = limited(
+        &format!("kind: redis, url: '{}', timeout: 50ms", redis.url()),
+        "{ name: api, algorithm: gcra, key: ip, rate: 10/s, burst: 5 }",
+    )
+    .replace(
+        "admin: { enabled: false }",
+        "admin: { bind: '127.0.0.1:0' }",
+    );
+    let proxy = TestProxy::spawn(&yaml).await;
+    let admin = proxy.admin.expect("admin");
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["store"]["kind"], "redis");
+    assert_eq!(ready.json()["store"]["up"], true);
+    redis.kill();
+    // The next decision finds the connection gone.
+    assert_eq!(get(proxy.addr(), "/").await.status, 200);
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(
+        ready.status, 200,
+        "a Redis outage does not make the replica unready"
+    );
+    assert_eq!(ready.json()["store"]["up"], false);
+}
+
+#[tokio::test]
+async fn across_cluster_slots_a_refused_request_burns_no_quota() {
+    let cluster = RedisCluster::start();
+    // Two limits in one group on different client keys: different slots.
+    let yaml = limited(
+        &format!(
+            "kind: redis_cluster, nodes: {}, timeout: 2s, cache_rejections: false",
+            cluster.seeds()
+        ),
+        "{ name: per_ip, algorithm: fixed_window, key: ip, limit: 100, window: 1h },
+                    { name: per_user, algorithm: fixed_window, key: 'header:x-user', limit: 3, window: 1h }",
+    );
+    let proxy = TestProxy::spawn(&yaml).await;
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(
+            get_with(proxy.addr(), ("x-user", "alice"))
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429]);
+    // The five refused requests were given back to per_ip: the next user
+    // sees 100 - 3 - 1 left, not 100 - 8 - 1.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let got = get_with(proxy.addr(), ("x-user", "bob")).await;
+        let state = got.headers["ratelimit"].to_str().unwrap().to_owned();
+        if state.contains("\"per_ip\";r=96;") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "refunds not applied: {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
