@@ -20,10 +20,14 @@ ADMIN_PORT=${ADMIN_PORT:-18084}
 NGINX_LIM_PORT=${NGINX_LIM_PORT:-18085}
 TG_LIM_PORT=${TG_LIM_PORT:-18086}
 ADMIN_LIM_PORT=${ADMIN_LIM_PORT:-18087}
+REDIS_PORT=${REDIS_PORT:-18088}
+TG_REDIS_PORT=${TG_REDIS_PORT:-18089}
+ADMIN_REDIS_PORT=${ADMIN_REDIS_PORT:-18090}
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
+command -v redis-server >/dev/null || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -36,6 +40,8 @@ cleanup() {
     [ -f "$work/proxy.pid" ] && kill "$(cat "$work/proxy.pid")" 2>/dev/null || true
     [ -n "${TG_PID:-}" ] && kill "$TG_PID" 2>/dev/null || true
     [ -n "${TG_LIM_PID:-}" ] && kill "$TG_LIM_PID" 2>/dev/null || true
+    [ -n "${TG_REDIS_PID:-}" ] && kill "$TG_REDIS_PID" 2>/dev/null || true
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
     sleep 0.3
     rm -rf "$work"
 }
@@ -94,8 +100,13 @@ routes:
     upstream: api
     limits:
       - { name: short, algorithm: token_bucket, rate: 1000000/s, burst: 1000000, key: ip }
-      - { name: long, algorithm: sliding_window, limit: 4000000000, window: 1h, key: ip }
+      - { name: long, algorithm: sliding_window, limit: 1000000000, window: 1h, key: ip }
 CONF
+# The same limits shared through Redis: one EVALSHA per request decides
+# the zone and both route limits.
+sed -e "s/$TG_LIM_PORT/$TG_REDIS_PORT/; s/$ADMIN_LIM_PORT/$ADMIN_REDIS_PORT/" \
+    "$work/tollgate-limits.yaml" > "$work/tollgate-redis.yaml"
+echo "store: { kind: redis, url: 'redis://127.0.0.1:$REDIS_PORT', timeout: 50ms, on_error: fail_closed }" >> "$work/tollgate-redis.yaml"
 
 "$NGINX" -c "$work/up.conf"
 "$NGINX" -c "$work/proxy.conf"
@@ -103,11 +114,17 @@ target/release/tollgate run --config "$work/tollgate.yaml" >"$work/tollgate.log"
 TG_PID=$!
 target/release/tollgate run --config "$work/tollgate-limits.yaml" >"$work/tollgate-limits.log" 2>&1 &
 TG_LIM_PID=$!
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+    --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
+sleep 0.3
+target/release/tollgate run --config "$work/tollgate-redis.yaml" >"$work/tollgate-redis.log" 2>&1 &
+TG_REDIS_PID=$!
 sleep 1
 curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$TG_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$NGINX_LIM_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$TG_LIM_PORT/" >/dev/null || { cat "$work/tollgate-limits.log" >&2; exit 1; }
+curl -fsS "http://127.0.0.1:$TG_REDIS_PORT/" >/dev/null || { cat "$work/tollgate-redis.log" >&2; exit 1; }
 
 run() { # name port
     wrk -t"$THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$2/" >/dev/null # warm-up
@@ -117,7 +134,7 @@ run() { # name port
     p99=$(awk '$1=="99%" {print $2}' <<<"$out")
     local errors
     errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out")
-    printf '%-10s %12s req/s   p99 %8s   %s\n' "$1" "$rps" "$p99" "$errors" >&2
+    printf '%-14s %12s req/s   p99 %8s   %s\n' "$1" "$rps" "$p99" "$errors" >&2
     echo "$rps"
 }
 
@@ -126,5 +143,13 @@ nginx_rps=$(run nginx "$NGINX_PORT")
 tg_rps=$(run tollgate "$TG_PORT")
 nginx_lim_rps=$(run nginx+lim "$NGINX_LIM_PORT")
 tg_lim_rps=$(run tollgate+lim "$TG_LIM_PORT")
+redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}'; }
+tg_redis_rps=$(run tollgate+redis "$TG_REDIS_PORT")
+# Commands per request: a short run with Redis's counters reset first.
+redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+requests=$(wrk -t"$THREADS" -c"$CONNS" -d3s "http://127.0.0.1:$TG_REDIS_PORT/" | awk '/requests in/ {print $1}')
+calls=$(redis_calls)
 awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "proxy only:        tollgate / nginx throughput ratio: %.2f\n", t / n }'
 awk -v t="$tg_lim_rps" -v n="$nginx_lim_rps" 'BEGIN { printf "with rate limits:  tollgate / nginx throughput ratio: %.2f (nginx: one limit_req zone; tollgate: a zone + two route limits)\n", t / n }'
+awk -v r="$tg_redis_rps" -v m="$tg_lim_rps" 'BEGIN { printf "shared through Redis: redis / memory store throughput ratio: %.2f (same limits; Redis on the same cores)\n", r / m }'
+awk -v c="$calls" -v q="$requests" 'BEGIN { printf "Redis round trips per request: %.3f (%d EVALSHA for %d requests)\n", c / q, c, q }'

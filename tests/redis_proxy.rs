@@ -245,13 +245,14 @@ async fn a_flood_from_one_key_is_refused_from_the_cache() {
         counts.push(redis.calls("evalsha") + redis.calls("eval"));
     }
     let (cached, uncached) = (counts[0], counts[1]);
-    assert!(
-        uncached >= 500,
-        "without the cache Redis saw {uncached} calls"
-    );
+    // Without the cache, batching alone already merges some requests.
     assert!(
         cached <= 50,
         "with the cache Redis saw {cached} calls for 500 requests"
+    );
+    assert!(
+        uncached > 3 * cached,
+        "without the cache {uncached} calls, with it {cached}"
     );
 }
 

@@ -240,3 +240,47 @@ async fn script_flush_and_restart_are_invisible() {
 }
 
 use tollgate::limiter::Store;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_script_calls_and_stay_exact() {
+    let server = RedisServer::start();
+    let limit = Limit::new(
+        "batch",
+        Algorithm::FixedWindow {
+            limit: 300,
+            window_ms: 3_600_000,
+        },
+        0,
+    );
+    let (redis, _) = RedisStore::connect(
+        &options(server.url(), false),
+        &zones(std::slice::from_ref(&limit)),
+    )
+    .await
+    .unwrap();
+    let redis = std::sync::Arc::new(redis);
+    let limit = std::sync::Arc::new(limit);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1000 {
+        let (redis, limit) = (redis.clone(), limit.clone());
+        tasks.spawn(async move {
+            let checks = [Check::new(&limit, "hot", 1)];
+            redis.decide(&checks).await.expect("decides").decisions[0]
+        });
+    }
+    let mut remaining = Vec::new();
+    while let Some(d) = tasks.join_next().await {
+        let d = d.unwrap();
+        if d.admitted() {
+            remaining.push(d.remaining);
+        }
+    }
+    // Exactly 300 admitted, each seeing its own place in the queue.
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..300).collect::<Vec<u64>>());
+    let calls = redis.calls();
+    assert!(
+        calls < 1000,
+        "{calls} script calls for 1000 requests: no batching"
+    );
+}

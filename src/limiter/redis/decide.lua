@@ -4,15 +4,18 @@
 -- so a key decides alike on either store. Lua numbers are doubles, exact up
 -- to 2^53; config validation keeps every product below that.
 --
--- KEYS[i]: the state of check i, one string "<tag>:<n>:<n>..." whose tag
--- names the algorithm (a state of another algorithm reads as a new key).
+-- KEYS: the state of each check, request after request; one string
+-- "<tag>:<n>:<n>..." whose tag names the algorithm (a state of another
+-- algorithm reads as a new key).
 -- ARGV[1]: the clock in ms, or 0 for Redis TIME (tests pin it).
--- ARGV[2 + 8(i-1) ...]: per check: algorithm tag, p1, p2, p3, cost,
---   peek (1 = decide, never charge), group, dry run (1/0).
+-- ARGV[2...]: one per request, its checks "c;c;...", each check
+--   "algorithm,p1,p2,p3,cost,peek,group,dry": algorithm 1-6 (F S L B G K),
+--   peek 1 = decide but never charge, dry 1 = a dry-run group.
 -- Consecutive checks of one group are all or nothing; when an enforced
--- group rejects, later groups are not decided.
--- Returns: now, then per decided check: verdict (0 allow, 1 delay,
--- 2 reject), delay ms, remaining, reset ms, retry-after ms.
+-- group rejects, later groups of that request are not decided.
+-- Returns: now, then per request: the number of checks decided, and per
+-- decided check: verdict (0 allow, 1 delay, 2 reject), delay ms,
+-- remaining, reset ms, retry-after ms.
 -- Every write carries a TTL: after it the key decides like a new one.
 
 if redis.replicate_commands then redis.replicate_commands() end
@@ -33,30 +36,31 @@ end
 local function cdiv(a, b) return -idiv(-a, b) end
 local U32 = 4294967295
 
-local function fields(v, tag)
-  if not v or string.sub(v, 1, 1) ~= tag then return nil end
-  local out = {}
-  for n in string.gmatch(v, ':(%-?%d+)') do out[#out + 1] = tonumber(n) end
-  return out
+-- States: "<tag>:<n>:<n>[:<n>]"; a state of another algorithm (a limit
+-- whose algorithm changed) reads as nil, a new key.
+local match, format, tonumber = string.match, string.format, tonumber
+local function two(v, pattern)
+  if not v then return nil end
+  local a, b = match(v, pattern)
+  if not a then return nil end
+  return tonumber(a), tonumber(b)
 end
-
 local function enc_list(tag, list)
   local parts = { tag }
-  for k = 1, #list do parts[k + 1] = string.format('%d', list[k]) end
+  for k = 1, #list do parts[k + 1] = format('%d', list[k]) end
   return table.concat(parts, ':')
 end
-local function enc(tag, ...) return enc_list(tag, { ... }) end
 
 -- Each returns verdict, delay, remaining, reset, retry, new state, ttl ms.
 local algorithms = {}
 
 algorithms.F = function(v, limit, w, _, cost)
   local start = idiv(now, w) * w
-  local s = fields(v, 'F')
-  local count = (s and s[1] == start) and s[2] or 0
+  local s, c = two(v, '^F:(%d+):(%d+)$')
+  local count = (s == start) and c or 0
   local reset = start + w - now
   if count + cost <= limit then
-    return 0, 0, limit - count - cost, reset, 0, enc('F', start, count + cost), reset
+    return 0, 0, limit - count - cost, reset, 0, format('F:%d:%d', start, count + cost), reset
   end
   return 2, 0, max(0, limit - count), reset, reset
 end
@@ -76,23 +80,29 @@ end
 
 algorithms.S = function(v, limit, w, _, cost)
   local start = idiv(now, w) * w
-  local s = fields(v, 'S')
   local prev, curr = 0, 0
-  if s and s[1] == start then prev, curr = s[2], s[3]
-  elseif s and s[1] + w == start then prev = s[3] end
+  if v then
+    local s, p, c = match(v, '^S:(%d+):(%d+):(%d+)$')
+    s = tonumber(s)
+    if s == start then prev, curr = tonumber(p), tonumber(c)
+    elseif s and s + w == start then prev = tonumber(c) end
+  end
   local elapsed = now - start
   local used = prev * (w - elapsed) + curr * w
   local reset = w - elapsed
   if used + cost * w <= limit * w then
     return 0, 0, idiv(limit * w - used - cost * w, w), reset, 0,
-      enc('S', start, prev, min(curr + cost, U32)), start + 2 * w - now
+      format('S:%d:%d:%d', start, prev, min(curr + cost, U32)), start + 2 * w - now
   end
   return 2, 0, idiv(max(0, limit * w - used), w), reset,
     sliding_retry(prev, curr, elapsed, w, limit, cost)
 end
 
 algorithms.L = function(v, limit, w, _, cost)
-  local s = fields(v, 'L') or {}
+  local s = {}
+  if v and string.sub(v, 1, 2) == 'L:' then
+    for n in string.gmatch(v, '%d+') do s[#s + 1] = tonumber(n) end
+  end
   -- (time, cost) pairs, oldest first; drop those out of the window
   local first, total = 1, 0
   while s[first] and s[first] + w <= now do first = first + 2 end
@@ -122,17 +132,17 @@ end
 
 algorithms.B = function(v, a, p, burst, cost)
   local capacity = burst * p
-  local s = fields(v, 'B')
+  local stored, last = two(v, '^B:(%d+):(%d+)$')
   local level = capacity
-  if s then
-    local elapsed = max(0, now - s[2])
-    if elapsed < cdiv(capacity - s[1], a) then level = s[1] + elapsed * a end
+  if stored then
+    local elapsed = max(0, now - last)
+    if elapsed < cdiv(capacity - stored, a) then level = stored + elapsed * a end
   end
   local need = cost * p
   if level >= need then
     local after = level - need
     local reset = cdiv(capacity - after, a)
-    return 0, 0, idiv(after, p), reset, 0, enc('B', after, now), max(reset, 1)
+    return 0, 0, idiv(after, p), reset, 0, format('B:%d:%d', after, now), max(reset, 1)
   end
   return 2, 0, idiv(level, p), cdiv(capacity - level, a), cdiv(need - level, a)
 end
@@ -140,25 +150,24 @@ end
 algorithms.G = function(v, a, p, burst, cost)
   -- tat kept as (whole ms, remainder in 1/a ms); d = tat - now, in 1/a ms
   local tolerance = burst * p
-  local s = fields(v, 'G')
+  local q0, r0 = two(v, '^G:(%d+):(%d+)$')
   local d = 0
-  if s and s[1] >= now then d = (s[1] - now) * a + s[2] end
+  if q0 and q0 >= now then d = (q0 - now) * a + r0 end
   local nd = d + cost * p
   if nd <= tolerance then
     local reset = cdiv(nd, a)
     local q = idiv(nd, a)
-    return 0, 0, idiv(tolerance - nd, p), reset, 0, enc('G', now + q, nd - q * a), max(reset, 1)
+    return 0, 0, idiv(tolerance - nd, p), reset, 0, format('G:%d:%d', now + q, nd - q * a), max(reset, 1)
   end
   return 2, 0, idiv(max(0, tolerance - d), p), cdiv(d, a), cdiv(nd - tolerance, a)
 end
 
 algorithms.K = function(v, rate, burst, delay, cost)
   local burst_m, cost_m = burst * 1000, 1000 * cost
-  local s = fields(v, 'K')
-  local excess, stored, ms
-  if s then
-    ms = max(0, now - s[2])
-    stored = s[1]
+  local stored, last = two(v, '^K:(%d+):(%d+)$')
+  local excess, ms
+  if stored then
+    ms = max(0, now - last)
     -- past a full drain the result is 0 however long it was
     if ms > cdiv((stored + cost_m) * 1000, rate) then
       excess = 0
@@ -176,42 +185,75 @@ algorithms.K = function(v, rate, burst, delay, cost)
   if delay >= 0 and excess > delay * 1000 then
     wait = idiv((excess - delay * 1000) * 1000, rate)
   end
-  local last = now
-  if s and now <= s[2] then last = s[2] end
+  if not (last and now <= last) then last = now end
   local reset = cdiv(excess * 1000, rate)
   return (wait > 0) and 1 or 0, wait, idiv(burst_m - excess, 1000), reset, 0,
-    enc('K', excess, last), max(60000, reset)
+    format('K:%d:%d', excess, last), max(60000, reset)
+end
+
+-- Several requests may come in one call (a batch): they are decided one
+-- after the other, as separate calls would, but each key is read once and
+-- written once, with the TTL of its last charge.
+local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
+local cached, ttls = {}, {}
+local function state(key)
+  local v = cached[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    cached[key] = v
+  end
+  return v
 end
 
 local out = { now }
-local n = #KEYS
-local i = 1
-while i <= n do
-  local group = ARGV[2 + 8 * (i - 1) + 6]
-  local dry = ARGV[2 + 8 * (i - 1) + 7] == '1'
-  local j = i
-  while j < n and ARGV[2 + 8 * j + 6] == group and (ARGV[2 + 8 * j + 7] == '1') == dry do
-    j = j + 1
+local key = 1 -- next KEYS
+-- one request's checks, parsed from its spec
+local alg, p1, p2, p3, cost, peek, grp, dry = {}, {}, {}, {}, {}, {}, {}, {}
+for r = 2, #ARGV do
+  local n = 0
+  for a, b, c, d, e, f, g, h in string.gmatch(ARGV[r],
+      '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
+    n = n + 1
+    alg[n], p1[n], p2[n], p3[n], cost[n] = TAGS[tonumber(a)], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
+    peek[n], grp[n], dry[n] = f, g, h
   end
-  local ok = true
-  local writes = {}
-  for k = i, j do
-    local b = 2 + 8 * (k - 1)
-    local f = algorithms[ARGV[b]]
-    local verdict, wait, remaining, reset, retry, state, ttl = f(redis.call('GET', KEYS[k]),
-      tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]))
-    out[#out + 1] = verdict
-    out[#out + 1] = wait
-    out[#out + 1] = remaining
-    out[#out + 1] = reset
-    out[#out + 1] = retry
-    if verdict == 2 then ok = false
-    elseif ARGV[b + 5] ~= '1' then writes[#writes + 1] = { KEYS[k], state, ttl } end
+  local count_at = #out + 1
+  out[count_at] = 0
+  local decided = 0
+  local i = 1
+  while i <= n do
+    -- the group: checks i..j with the same group number and dry-run flag
+    local j = i
+    while j < n and grp[j + 1] == grp[i] and dry[j + 1] == dry[i] do j = j + 1 end
+    local ok = true
+    local writes = {}
+    for k = i, j do
+      local name = KEYS[key + k - 1]
+      local verdict, wait, remaining, reset, retry, new, ttl =
+        algorithms[alg[k]](state(name), p1[k], p2[k], p3[k], cost[k])
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = verdict, wait, remaining, reset, retry
+      if verdict == 2 then ok = false
+      elseif peek[k] ~= '1' then
+        writes[#writes + 1] = name
+        writes[#writes + 1] = new
+        writes[#writes + 1] = ttl
+      end
+    end
+    decided = decided + j - i + 1
+    if ok then
+      for w = 1, #writes, 3 do
+        cached[writes[w]] = writes[w + 1]
+        ttls[writes[w]] = writes[w + 2]
+      end
+    end
+    if not ok and dry[i] ~= '1' then break end
+    i = j + 1
   end
-  if ok then
-    for _, w in ipairs(writes) do redis.call('SET', w[1], w[2], 'PX', max(1, w[3])) end
-  end
-  if not ok and not dry then break end
-  i = j + 1
+  out[count_at] = decided
+  key = key + n
+end
+for name, ttl in pairs(ttls) do
+  redis.call('SET', name, cached[name], 'PX', max(1, ttl))
 end
 return out

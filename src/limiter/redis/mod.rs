@@ -21,6 +21,7 @@
 //!   business (the limit's `on_error`).
 //! - Keys Redis rejected are remembered until their retry time ([`cache`]).
 
+mod batch;
 mod cache;
 mod conn;
 
@@ -32,6 +33,7 @@ use redis::Script;
 
 use super::memory::ZoneSpec;
 use super::{groups, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
+use batch::{Batcher, Job};
 use cache::RejectCache;
 use conn::{Link, Target};
 
@@ -67,7 +69,9 @@ pub struct RedisStore {
     cluster: bool,
     cache: Option<RejectCache>,
     /// Script calls sent, for benchmarks and tests.
-    calls: AtomicU64,
+    calls: Arc<AtomicU64>,
+    /// Single node only: requests queued into shared script calls.
+    batcher: Option<Batcher>,
 }
 
 /// Redis could not be reached or did not answer; `Display` never shows a
@@ -106,8 +110,9 @@ impl RedisStore {
                 z.name.to_string()
             });
         }
+        let calls = Arc::new(AtomicU64::new(0));
         let store = RedisStore {
-            link,
+            link: link.clone(),
             decide: Script::new(DECIDE),
             refund: Script::new(REFUND),
             prefix: options.prefix.clone(),
@@ -115,7 +120,15 @@ impl RedisStore {
             timeout: options.timeout,
             cluster: options.cluster,
             cache: options.cache_rejections.then(RejectCache::new),
-            calls: AtomicU64::new(0),
+            batcher: (!options.cluster).then(|| {
+                Batcher::start(
+                    link.clone(),
+                    Script::new(DECIDE),
+                    options.timeout,
+                    calls.clone(),
+                )
+            }),
+            calls,
         };
         Ok((store, warning))
     }
@@ -383,54 +396,64 @@ impl RedisStore {
         });
     }
 
-    /// One script call: (the script's clock, decisions).
+    /// The script's part for one request.
+    fn job(&self, checks: &[Check<'_>]) -> Job {
+        use std::fmt::Write;
+        let mut spec = String::with_capacity(48 * checks.len());
+        for c in checks {
+            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
+            let _ = write!(
+                spec,
+                "{tag},{p1},{p2},{p3},{},{},{},{};",
+                c.cost,
+                u8::from(c.peek),
+                c.group,
+                u8::from(c.dry_run)
+            );
+        }
+        Job {
+            keys: checks.iter().map(|c| self.key(c)).collect(),
+            spec,
+        }
+    }
+
+    /// Decides one request's checks: through the batcher (one node), or in
+    /// a call of its own (a cluster, or a pinned clock).
     async fn call(
         &self,
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<(u64, Vec<Decision>), LimiterError> {
-        let (generation, mut conn) = self
-            .link
-            .get()
-            .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
-        let mut invocation = self.decide.prepare_invoke();
-        for c in checks {
-            invocation.key(self.key(c));
-        }
-        invocation.arg(now);
-        for c in checks {
-            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
-            invocation
-                .arg(tag)
-                .arg(p1)
-                .arg(p2)
-                .arg(p3)
-                .arg(c.cost)
-                .arg(u8::from(c.peek))
-                .arg(c.group)
-                .arg(u8::from(c.dry_run));
-        }
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let answer =
-            tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn))
-                .await;
-        let values = match answer {
-            Err(_) => {
-                self.link.failed(generation, false);
-                return Err(LimiterError::Timeout(self.timeout.as_millis() as u64));
+        let job = self.job(checks);
+        let answer = match (&self.batcher, now) {
+            (Some(batcher), 0) => {
+                let reply = batcher.submit(job);
+                match tokio::time::timeout(self.timeout, reply).await {
+                    Ok(Ok(answer)) => answer,
+                    Ok(Err(_)) => Err(("the store is shutting down".to_owned(), false)),
+                    Err(_) => {
+                        self.link.failed(0, false);
+                        return Err(LimiterError::Timeout(self.timeout.as_millis() as u64));
+                    }
+                }
             }
-            Ok(Err(e)) => {
-                let broken = e.is_unrecoverable_error() || e.is_io_error();
-                self.link.failed(generation, broken);
-                return Err(LimiterError::Unavailable(describe(&e)));
-            }
-            Ok(Ok(v)) => {
-                self.link.succeeded();
-                v
+            _ => {
+                let (generation, mut conn) = self
+                    .link
+                    .get()
+                    .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                let result =
+                    batch::invoke(&mut conn, &self.decide, now, &[job], self.timeout).await;
+                match &result {
+                    Ok(_) => self.link.succeeded(),
+                    Err((_, broken)) => self.link.failed(generation, *broken),
+                }
+                result.map(|mut each| each.pop().unwrap_or_default())
             }
         };
-        parse(checks, &values)
-            .ok_or_else(|| LimiterError::Unavailable("unexpected answer from the script".into()))
+        let (stamp, values) = answer.map_err(|(why, _)| LimiterError::Unavailable(why))?;
+        Ok((stamp, parse(checks, &values)))
     }
 }
 
@@ -483,28 +506,28 @@ fn describe(e: &redis::RedisError) -> String {
 }
 
 /// The script's arguments for an algorithm: tag and three numbers.
-fn params(a: &Algorithm) -> (&'static str, i64, i64, i64) {
+fn params(a: &Algorithm) -> (i64, i64, i64, i64) {
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     match *a {
-        Algorithm::FixedWindow { limit, window_ms } => ("F", n(limit), n(window_ms), 0),
-        Algorithm::SlidingWindow { limit, window_ms } => ("S", n(limit), n(window_ms), 0),
-        Algorithm::SlidingLog { limit, window_ms } => ("L", n(limit), n(window_ms), 0),
+        Algorithm::FixedWindow { limit, window_ms } => (1, n(limit), n(window_ms), 0),
+        Algorithm::SlidingWindow { limit, window_ms } => (2, n(limit), n(window_ms), 0),
+        Algorithm::SlidingLog { limit, window_ms } => (3, n(limit), n(window_ms), 0),
         Algorithm::TokenBucket {
             amount,
             period_ms,
             burst,
-        } => ("B", n(amount), n(period_ms), n(burst)),
+        } => (4, n(amount), n(period_ms), n(burst)),
         Algorithm::Gcra {
             amount,
             period_ms,
             burst,
-        } => ("G", n(amount), n(period_ms), n(burst)),
+        } => (5, n(amount), n(period_ms), n(burst)),
         Algorithm::Leaky {
             rate_milli,
             burst,
             delay,
         } => (
-            "K",
+            6,
             n(rate_milli),
             n(burst),
             if delay == u64::MAX { -1 } else { n(delay) },
@@ -512,13 +535,10 @@ fn params(a: &Algorithm) -> (&'static str, i64, i64, i64) {
     }
 }
 
-fn parse(checks: &[Check<'_>], values: &[i64]) -> Option<(u64, Vec<Decision>)> {
-    let (&now, rest) = values.split_first()?;
-    if rest.len() % STRIDE != 0 || rest.len() / STRIDE > checks.len() {
-        return None;
-    }
+/// Decision numbers (five per decided check) -> decisions.
+fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
-    let decisions = rest
+    values
         .chunks_exact(STRIDE)
         .zip(checks)
         .map(|(v, c)| {
@@ -537,8 +557,7 @@ fn parse(checks: &[Check<'_>], values: &[i64]) -> Option<(u64, Vec<Decision>)> {
                 window_ms,
             }
         })
-        .collect();
-    Some((n(now), decisions))
+        .collect()
 }
 
 /// The decision for a key the cache knows is rejected for `wait`.

@@ -3,7 +3,7 @@
 -- different slots, so no one script could decide them all).
 --
 -- KEYS[i]: the state of check i. ARGV[1]: the clock decide.lua charged at.
--- ARGV[2 + 5(i-1) ...]: algorithm tag, p1, p2, p3, cost.
+-- ARGV[2 + 5(i-1) ...]: algorithm (1-6: F S L B G K), p1, p2, p3, cost.
 -- Only the charge made at that instant is taken back; TTLs are kept.
 
 local floor, max, min = math.floor, math.max, math.min
@@ -25,9 +25,10 @@ local function put(key, tag, list)
   redis.call('SET', key, table.concat(parts, ':'), 'KEEPTTL')
 end
 
+local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
 for i = 1, #KEYS do
   local b = 2 + 5 * (i - 1)
-  local tag = ARGV[b]
+  local tag = TAGS[tonumber(ARGV[b])]
   local p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   local key = KEYS[i]

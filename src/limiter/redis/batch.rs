@@ -1,0 +1,187 @@
+//! Requests decided together: while script calls are in flight, new
+//! requests queue, and the next call carries all of them (up to
+//! `MAX_BATCH`). Under light load every request goes alone, at once; under
+//! heavy load Redis runs one script per batch, reads each key once and
+//! writes it once, so a hot key costs one GET and one SET per batch instead
+//! of per request. Decisions are exactly those of separate calls, made one
+//! after the other in queue order within one atomic script run.
+//!
+//! Only for a single Redis node: on a cluster a batch would cross slots.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::conn::{Conn, Link};
+
+/// Requests in one script call at most.
+const MAX_BATCH: usize = 64;
+/// Script calls in flight at once (each on the one multiplexed connection).
+const IN_FLIGHT: usize = 2;
+
+/// One request's part of a script call: its keys, and its checks as one
+/// argument, "alg,p1,p2,p3,cost,peek,group,dry;..." (see decide.lua).
+pub struct Job {
+    pub keys: Vec<String>,
+    pub spec: String,
+}
+
+/// A failed call: the message, and whether the connection itself broke.
+pub type Failure = (String, bool);
+
+/// The script's clock and the request's decision numbers.
+pub type Answer = Result<(u64, Vec<i64>), Failure>;
+
+type Queued = (Job, oneshot::Sender<Answer>);
+
+pub struct Batcher {
+    tx: mpsc::UnboundedSender<Queued>,
+}
+
+impl Batcher {
+    pub fn start(
+        link: Arc<Link>,
+        script: Script,
+        timeout: Duration,
+        calls: Arc<AtomicU64>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, link, script, timeout, calls));
+        Batcher { tx }
+    }
+
+    /// Queues `job`; the answer arrives on the returned receiver.
+    pub fn submit(&self, job: Job) -> oneshot::Receiver<Answer> {
+        let (tx, rx) = oneshot::channel();
+        // A closed queue (store shutting down) drops `tx`: the caller sees
+        // its receiver fail and treats it as unavailable.
+        let _ = self.tx.send((job, tx));
+        rx
+    }
+}
+
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+    link: Arc<Link>,
+    script: Script,
+    timeout: Duration,
+    calls: Arc<AtomicU64>,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(q) => batch.push(q),
+                Err(_) => break,
+            }
+        }
+        // Callers that gave up (timed out) are not decided for nothing.
+        batch.retain(|(_, reply)| !reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let (link, script, calls) = (link.clone(), script.clone(), calls.clone());
+        tokio::spawn(async move {
+            let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
+            let answers = match link.get() {
+                Err(why) => Err((why.to_owned(), false)),
+                Ok((generation, mut conn)) => {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    let result = invoke(&mut conn, &script, 0, &jobs, timeout).await;
+                    match &result {
+                        Ok(_) => link.succeeded(),
+                        Err((_, broken)) => link.failed(generation, *broken),
+                    }
+                    result
+                }
+            };
+            match answers {
+                Ok(each) => {
+                    for (reply, answer) in replies.into_iter().zip(each) {
+                        let _ = reply.send(Ok(answer));
+                    }
+                }
+                Err(failure) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(failure.clone()));
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// One script call for `jobs`, bounded by `timeout`: per job, the clock and
+/// its decision numbers. `EVALSHA`, and after `NOSCRIPT` (a restart, a
+/// `SCRIPT FLUSH`) `SCRIPT LOAD` and once more, all within the timeout.
+pub async fn invoke(
+    conn: &mut Conn,
+    script: &Script,
+    now: u64,
+    jobs: &[Job],
+    timeout: Duration,
+) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
+    let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    for job in jobs {
+        for key in &job.keys {
+            cmd.arg(key);
+        }
+    }
+    cmd.arg(now);
+    for job in jobs {
+        cmd.arg(&job.spec);
+    }
+    let call = async {
+        match cmd.query_async::<Vec<i64>>(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.prepare_invoke().load_async(conn).await?;
+                cmd.query_async::<Vec<i64>>(conn).await
+            }
+            other => other,
+        }
+    };
+    let values = match tokio::time::timeout(timeout, call).await {
+        Err(_) => {
+            return Err((
+                format!("Redis did not answer within {}ms", timeout.as_millis()),
+                false,
+            ))
+        }
+        Ok(Err(e)) => {
+            let broken = e.is_unrecoverable_error() || e.is_io_error();
+            return Err((super::describe(&e), broken));
+        }
+        Ok(Ok(v)) => v,
+    };
+    split(&values, jobs).ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+}
+
+/// `now, (count, 5 x count numbers) per job` -> per job (now, numbers).
+fn split(values: &[i64], jobs: &[Job]) -> Option<Vec<(u64, Vec<i64>)>> {
+    let (&now, mut rest) = values.split_first()?;
+    let now = u64::try_from(now).ok()?;
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let (&count, tail) = rest.split_first()?;
+        let count = usize::try_from(count).ok()?;
+        let checks = job.keys.len();
+        if count > checks || tail.len() < count * super::STRIDE {
+            return None;
+        }
+        let (mine, tail) = tail.split_at(count * super::STRIDE);
+        out.push((now, mine.to_vec()));
+        rest = tail;
+    }
+    rest.is_empty().then_some(out)
+}
