@@ -355,3 +355,102 @@ async fn across_cluster_slots_a_refused_request_burns_no_quota() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn acl_users_and_passwords_come_from_the_url() {
+    let redis = RedisServer::start_with(|_| {
+        (
+            strings(&[
+                "--user",
+                "default",
+                "off",
+                "--user",
+                "app",
+                "on",
+                ">s3cret-pass",
+                "~tollgate:*",
+                "+@all",
+            ]),
+            strings(&[
+                "--user",
+                "app",
+                "--pass",
+                "s3cret-pass",
+                "--no-auth-warning",
+            ]),
+        )
+    });
+    let limit = "{ name: api, algorithm: fixed_window, key: ip, limit: 2, window: 1m }";
+    let with = |creds: &str| {
+        limited(
+            &format!("kind: redis, url: 'redis://{creds}@127.0.0.1:{}', timeout: 1s, on_error: fail_closed", redis.port),
+            limit,
+        )
+    };
+    let good = TestProxy::spawn(&with("app:s3cret-pass")).await;
+    let statuses = [
+        get(good.addr(), "/").await.status.as_u16(),
+        get(good.addr(), "/").await.status.as_u16(),
+        get(good.addr(), "/").await.status.as_u16(),
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(redis.key_count("tollgate:*"), 1);
+
+    let bad = TestProxy::spawn(&with("app:wrong")).await;
+    let got = get(bad.addr(), "/").await;
+    assert_eq!(got.status, 503);
+    assert!(!String::from_utf8_lossy(&got.body).contains("wrong"));
+}
+
+#[tokio::test]
+async fn rediss_verifies_the_server_with_the_configured_ca() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("redis", &["localhost"]);
+    let ca_pem = ca.ca_pem.display().to_string();
+    let redis = RedisServer::start_with(|port| {
+        (
+            strings(&[
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca_pem,
+                "--tls-auth-clients",
+                "no",
+            ]),
+            strings(&["--tls", "--cacert", &ca_pem]),
+        )
+    });
+    let yaml = |ca: &str| {
+        limited(
+            &format!(
+                "kind: redis, url: 'rediss://localhost:{}', timeout: 1s, on_error: fail_closed, tls: {{ ca: '{ca}' }}",
+                redis.port
+            ),
+            "{ name: api, algorithm: gcra, key: ip, rate: 2/m, burst: 2 }",
+        )
+    };
+    let proxy = TestProxy::spawn(&yaml(&ca_pem)).await;
+    let statuses = [
+        get(proxy.addr(), "/").await.status.as_u16(),
+        get(proxy.addr(), "/").await.status.as_u16(),
+        get(proxy.addr(), "/").await.status.as_u16(),
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(redis.key_count("tollgate:*"), 1);
+
+    // Another CA's certificate is refused: no decision over that link.
+    let other = TestCa::new();
+    let other_pem = other.ca_pem.display().to_string();
+    let proxy = TestProxy::spawn(&yaml(&other_pem)).await;
+    assert_eq!(get(proxy.addr(), "/").await.status, 503);
+}

@@ -153,3 +153,87 @@ pub fn on_error(raw: &Option<String>, path: &str, store: &StoreConfig, c: &mut C
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{assert_exactly, problems};
+    use crate::config::{Config, StoreKind};
+    use crate::limiter::OnError;
+
+    const ROUTES: &str = "listeners: [{ bind: '127.0.0.1:0' }]
+routes:
+  - match: { path_prefix: / }
+    respond: {}
+    limits:
+      - { name: a, algorithm: fixed_window, limit: 10, window: 1m }
+      - { name: b, algorithm: gcra, rate: 10/s, burst: 5, on_error: fail_open }
+";
+
+    fn config(store: &str) -> Config {
+        Config::from_yaml(&format!("{ROUTES}store: {store}\n"), &|_| None)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn defaults_and_per_limit_overrides() {
+        let c = Config::from_yaml(ROUTES, &|_| None).unwrap();
+        assert!(matches!(c.store.kind, StoreKind::Memory));
+        assert_eq!(c.store.prefix, "tollgate:");
+        assert_eq!(c.store.timeout, std::time::Duration::from_millis(10));
+        assert_eq!(c.store.on_error, OnError::Local);
+
+        let c = config("{ kind: redis, url: 'redis://u:p@10.0.0.5:6379/2', on_error: fail_closed, replicas: 4 }");
+        let limits = &c.routes[0].limits;
+        assert_eq!(limits[0].limit.on_error, OnError::FailClosed);
+        assert_eq!(limits[1].limit.on_error, OnError::FailOpen);
+        // local mode divides each limit among the replicas.
+        assert_eq!(
+            limits[0].limit.local,
+            crate::limiter::Algorithm::FixedWindow {
+                limit: 2,
+                window_ms: 60_000
+            }
+        );
+        // The password never shows in the summary or a debug print.
+        assert!(!c.summary().contains("u:p@"), "{}", c.summary());
+        assert!(!format!("{:?}", c.store).contains("u:p@"));
+    }
+
+    #[test]
+    fn mistakes_name_their_path() {
+        let found = problems(&format!(
+            "{ROUTES}store: {{ kind: redis, prefix: 'a{{b}}', timeout: 5, on_error: explode, replicas: 0 }}\n"
+        ));
+        assert_exactly(
+            &found,
+            &[
+                "store.url: is required with kind redis",
+                "store.prefix: must not contain { or }",
+                "store.timeout: expected a duration",
+                "store.on_error: expected fail_open, fail_closed or local, got \"explode\"",
+                "store.replicas:",
+            ],
+        );
+        let found = problems(&format!(
+            "{ROUTES}store: {{ kind: redis_cluster, url: 'redis://x:6379', nodes: ['http://user:hunter2@x'] }}\n"
+        ));
+        assert_exactly(
+            &found,
+            &[
+                "store.url: kind redis_cluster takes a list of seed nodes",
+                "store.nodes[0]: expected a redis:// or rediss:// URL, got \"http://x\"",
+            ],
+        );
+        assert!(!found.join("\n").contains("hunter2"));
+        assert_exactly(
+            &problems(&format!("{ROUTES}store: {{ kind: etcd }}\n")),
+            &["store.kind: expected memory, redis or redis_cluster, got \"etcd\""],
+        );
+        assert_exactly(
+            &problems(&format!(
+                "{ROUTES}store: {{ kind: memory, colour: blue }}\n"
+            )),
+            &["store.colour: unknown field"],
+        );
+    }
+}

@@ -35,21 +35,35 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     cluster: bool,
+    /// More `redis-server` arguments (TLS, ACL users), after the defaults.
+    extra: Vec<String>,
+    /// `redis-cli` arguments to reach it (TLS, credentials).
+    cli_extra: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        Self::launch(false)
+        Self::launch(false, |_| (vec![], vec![]))
     }
 
-    fn launch(cluster: bool) -> RedisServer {
+    /// With more server arguments and the `redis-cli` arguments that reach
+    /// it, both made from the port.
+    pub fn start_with(args: impl Fn(u16) -> (Vec<String>, Vec<String>)) -> RedisServer {
+        Self::launch(false, args)
+    }
+
+    fn launch(cluster: bool, args: impl Fn(u16) -> (Vec<String>, Vec<String>)) -> RedisServer {
         need("redis-server");
         need("redis-cli");
+        let port = free_port();
+        let (extra, cli_extra) = args(port);
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             child: None,
             dir: tempfile::tempdir().unwrap(),
             cluster,
+            extra,
+            cli_extra,
         };
         server.restart();
         server
@@ -77,6 +91,7 @@ impl RedisServer {
         }
         let child = Command::new("redis-server")
             .args(&args)
+            .args(&self.extra)
             .current_dir(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -100,6 +115,7 @@ impl RedisServer {
     fn try_cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli_extra)
             .args(args)
             .output()
             .ok()?;
@@ -182,7 +198,9 @@ pub struct RedisCluster {
 impl RedisCluster {
     #[allow(clippy::disallowed_methods)]
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::launch(true)).collect();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::launch(true, |_| (vec![], vec![])))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

@@ -392,3 +392,54 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn groups_stop_at_an_enforced_rejection_and_never_at_a_dry_run() {
+    let fixed = |n| Algorithm::FixedWindow {
+        limit: n,
+        window_ms: 60_000,
+    };
+    let (zone, dry, route) = (
+        limit("zone", fixed(1), 0),
+        limit("dry", fixed(1), 1),
+        limit("route", fixed(5), 2),
+    );
+    let s = store(&[&zone, &dry, &route], 1 << 20);
+    let checks = [
+        Check::new(&zone, "k", 1),
+        Check {
+            dry_run: true,
+            ..Check::new(&dry, "k", 1)
+        },
+        Check {
+            group: 1,
+            ..Check::new(&route, "k", 1)
+        },
+    ];
+    // First request: everything admitted and charged.
+    let o = s.decide_at(&checks, 1000);
+    assert_eq!(o.decisions.len(), 3);
+    assert!(o.decisions.iter().all(Decision::admitted));
+    // Second: the zone rejects, so the dry run and route groups are not
+    // decided (and not charged).
+    let o = s.decide_at(&checks, 1001);
+    assert_eq!(o.decisions.len(), 1);
+    assert!(!o.decisions[0].admitted());
+    let route_only = [Check::new(&route, "k", 1)];
+    assert_eq!(s.decide_at(&route_only, 1002).decisions[0].remaining, 3);
+    // A dry-run group that rejects does not stop the groups after it.
+    let later = [
+        Check {
+            dry_run: true,
+            ..Check::new(&dry, "k", 1)
+        },
+        Check {
+            group: 1,
+            ..Check::new(&route, "k", 1)
+        },
+    ];
+    let o = s.decide_at(&later, 1003);
+    assert_eq!(o.decisions.len(), 2);
+    assert!(!o.decisions[0].admitted());
+    assert_eq!(o.decisions[1].remaining, 2);
+}
