@@ -65,6 +65,16 @@ fn every_algorithm() -> Vec<Limit> {
             period_ms: 700,
             burst: 2,
         },
+        Algorithm::Gcra {
+            amount: 1_000_000,
+            period_ms: 1,
+            burst: 3,
+        },
+        Algorithm::TokenBucket {
+            amount: 1_000_000,
+            period_ms: 1,
+            burst: 3,
+        },
         Algorithm::Leaky {
             rate_milli: 4000,
             burst: 5,
