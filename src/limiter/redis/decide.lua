@@ -36,31 +36,41 @@ end
 local function cdiv(a, b) return -idiv(-a, b) end
 local U32 = 4294967295
 
--- States: "<tag>:<n>:<n>[:<n>]"; a state of another algorithm (a limit
--- whose algorithm changed) reads as nil, a new key.
+-- States are stored as "<tag>:<n>:<n>[:<n>...]" and decoded once per call
+-- into { tag, n, n, ... }; a state of another algorithm (a limit whose
+-- algorithm changed) decides like a new key.
 local match, format, tonumber = string.match, string.format, tonumber
-local function two(v, pattern)
-  if not v then return nil end
-  local a, b = match(v, pattern)
-  if not a then return nil end
-  return tonumber(a), tonumber(b)
+local function decode(v)
+  if not v then return false end
+  local tag = string.sub(v, 1, 1)
+  if tag == 'L' then
+    local s = { 'L' }
+    for n in string.gmatch(v, '%d+') do s[#s + 1] = tonumber(n) end
+    return s
+  end
+  local a, b, c = match(v, '^%u:(%d+):(%d+):?(%d*)$')
+  if not a then return false end
+  return { tag, tonumber(a), tonumber(b), tonumber(c) }
 end
-local function enc_list(tag, list)
-  local parts = { tag }
-  for k = 1, #list do parts[k + 1] = format('%d', list[k]) end
+local function encode(s)
+  if s[1] == 'S' then return format('S:%d:%d:%d', s[2], s[3], s[4]) end
+  if s[1] ~= 'L' then return format('%s:%d:%d', s[1], s[2], s[3]) end
+  local parts = { 'L' }
+  for k = 2, #s do parts[k] = format('%d', s[k]) end
   return table.concat(parts, ':')
 end
 
--- Each returns verdict, delay, remaining, reset, retry, new state, ttl ms.
+-- Each takes the decoded state (false for none) and returns verdict,
+-- delay, remaining, reset, retry, and when admitted the new state and its
+-- TTL in ms.
 local algorithms = {}
 
-algorithms.F = function(v, limit, w, _, cost)
+algorithms.F = function(s, limit, w, _, cost)
   local start = idiv(now, w) * w
-  local s, c = two(v, '^F:(%d+):(%d+)$')
-  local count = (s == start) and c or 0
+  local count = (s and s[1] == 'F' and s[2] == start) and s[3] or 0
   local reset = start + w - now
   if count + cost <= limit then
-    return 0, 0, limit - count - cost, reset, 0, format('F:%d:%d', start, count + cost), reset
+    return 0, 0, limit - count - cost, reset, 0, { 'F', start, count + cost }, reset
   end
   return 2, 0, max(0, limit - count), reset, reset
 end
@@ -78,38 +88,33 @@ local function sliding_retry(prev, curr, elapsed, w, l, c)
   return to_next + min(u, w)
 end
 
-algorithms.S = function(v, limit, w, _, cost)
+algorithms.S = function(s, limit, w, _, cost)
   local start = idiv(now, w) * w
   local prev, curr = 0, 0
-  if v then
-    local s, p, c = match(v, '^S:(%d+):(%d+):(%d+)$')
-    s = tonumber(s)
-    if s == start then prev, curr = tonumber(p), tonumber(c)
-    elseif s and s + w == start then prev = tonumber(c) end
+  if s and s[1] == 'S' then
+    if s[2] == start then prev, curr = s[3], s[4]
+    elseif s[2] + w == start then prev = s[4] end
   end
   local elapsed = now - start
   local used = prev * (w - elapsed) + curr * w
   local reset = w - elapsed
   if used + cost * w <= limit * w then
     return 0, 0, idiv(limit * w - used - cost * w, w), reset, 0,
-      format('S:%d:%d:%d', start, prev, min(curr + cost, U32)), start + 2 * w - now
+      { 'S', start, prev, min(curr + cost, U32) }, start + 2 * w - now
   end
   return 2, 0, idiv(max(0, limit * w - used), w), reset,
     sliding_retry(prev, curr, elapsed, w, limit, cost)
 end
 
-algorithms.L = function(v, limit, w, _, cost)
-  local s = {}
-  if v and string.sub(v, 1, 2) == 'L:' then
-    for n in string.gmatch(v, '%d+') do s[#s + 1] = tonumber(n) end
-  end
-  -- (time, cost) pairs, oldest first; drop those out of the window
-  local first, total = 1, 0
+algorithms.L = function(s, limit, w, _, cost)
+  if not (s and s[1] == 'L') then s = { 'L' } end
+  -- (time, cost) pairs from s[2], oldest first; drop those out of the window
+  local first, total = 2, 0
   while s[first] and s[first] + w <= now do first = first + 2 end
   for i = first, #s, 2 do total = total + s[i + 1] end
   local oldest = s[first] or now
   if total + cost <= limit then
-    local kept = {}
+    local kept = { 'L' }
     for i = first, #s do kept[#kept + 1] = s[i] end
     if kept[#kept - 1] == now then
       kept[#kept] = min(kept[#kept] + cost, U32)
@@ -117,7 +122,7 @@ algorithms.L = function(v, limit, w, _, cost)
       kept[#kept + 1] = now
       kept[#kept + 1] = cost
     end
-    return 0, 0, limit - total - cost, oldest + w - now, 0, enc_list('L', kept), w
+    return 0, 0, limit - total - cost, oldest + w - now, 0, kept, w
   end
   local freed, retry = 0, w
   for i = first, #s, 2 do
@@ -130,11 +135,11 @@ algorithms.L = function(v, limit, w, _, cost)
   return 2, 0, max(0, limit - total), oldest + w - now, retry
 end
 
-algorithms.B = function(v, a, p, burst, cost)
+algorithms.B = function(s, a, p, burst, cost)
   local capacity = burst * p
-  local stored, last = two(v, '^B:(%d+):(%d+)$')
   local level = capacity
-  if stored then
+  if s and s[1] == 'B' then
+    local stored, last = s[2], s[3]
     local elapsed = max(0, now - last)
     if elapsed < cdiv(capacity - stored, a) then level = stored + elapsed * a end
   end
@@ -142,29 +147,29 @@ algorithms.B = function(v, a, p, burst, cost)
   if level >= need then
     local after = level - need
     local reset = cdiv(capacity - after, a)
-    return 0, 0, idiv(after, p), reset, 0, format('B:%d:%d', after, now), max(reset, 1)
+    return 0, 0, idiv(after, p), reset, 0, { 'B', after, now }, max(reset, 1)
   end
   return 2, 0, idiv(level, p), cdiv(capacity - level, a), cdiv(need - level, a)
 end
 
-algorithms.G = function(v, a, p, burst, cost)
+algorithms.G = function(s, a, p, burst, cost)
   -- tat kept as (whole ms, remainder in 1/a ms); d = tat - now, in 1/a ms
   local tolerance = burst * p
-  local q0, r0 = two(v, '^G:(%d+):(%d+)$')
   local d = 0
-  if q0 and q0 >= now then d = (q0 - now) * a + r0 end
+  if s and s[1] == 'G' and s[2] >= now then d = (s[2] - now) * a + s[3] end
   local nd = d + cost * p
   if nd <= tolerance then
     local reset = cdiv(nd, a)
     local q = idiv(nd, a)
-    return 0, 0, idiv(tolerance - nd, p), reset, 0, format('G:%d:%d', now + q, nd - q * a), max(reset, 1)
+    return 0, 0, idiv(tolerance - nd, p), reset, 0, { 'G', now + q, nd - q * a }, max(reset, 1)
   end
   return 2, 0, idiv(max(0, tolerance - d), p), cdiv(d, a), cdiv(nd - tolerance, a)
 end
 
-algorithms.K = function(v, rate, burst, delay, cost)
+algorithms.K = function(s, rate, burst, delay, cost)
   local burst_m, cost_m = burst * 1000, 1000 * cost
-  local stored, last = two(v, '^K:(%d+):(%d+)$')
+  local stored, last
+  if s and s[1] == 'K' then stored, last = s[2], s[3] end
   local excess, ms
   if stored then
     ms = max(0, now - last)
@@ -188,7 +193,7 @@ algorithms.K = function(v, rate, burst, delay, cost)
   if not (last and now <= last) then last = now end
   local reset = cdiv(excess * 1000, rate)
   return (wait > 0) and 1 or 0, wait, idiv(burst_m - excess, 1000), reset, 0,
-    format('K:%d:%d', excess, last), max(60000, reset)
+    { 'K', excess, last }, max(60000, reset)
 end
 
 -- Several requests may come in one call (a batch): they are decided one
@@ -199,7 +204,7 @@ local cached, ttls = {}, {}
 local function state(key)
   local v = cached[key]
   if v == nil then
-    v = redis.call('GET', key)
+    v = decode(redis.call('GET', key))
     cached[key] = v
   end
   return v
@@ -207,16 +212,25 @@ end
 
 local out = { now }
 local key = 1 -- next KEYS
--- one request's checks, parsed from its spec
-local alg, p1, p2, p3, cost, peek, grp, dry = {}, {}, {}, {}, {}, {}, {}, {}
-for r = 2, #ARGV do
-  local n = 0
-  for a, b, c, d, e, f, g, h in string.gmatch(ARGV[r],
+-- Requests on one route share their spec: each distinct spec is parsed once.
+local parsed = {}
+local function parse(spec)
+  local p = { n = 0, alg = {}, p1 = {}, p2 = {}, p3 = {}, cost = {}, peek = {}, grp = {}, dry = {} }
+  for a, b, c, d, e, f, g, h in string.gmatch(spec,
       '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
-    n = n + 1
-    alg[n], p1[n], p2[n], p3[n], cost[n] = TAGS[tonumber(a)], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
-    peek[n], grp[n], dry[n] = f, g, h
+    local n = p.n + 1
+    p.n = n
+    p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
+      algorithms[TAGS[tonumber(a)]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
+    p.peek[n], p.grp[n], p.dry[n] = f, g, h
   end
+  parsed[spec] = p
+  return p
+end
+for r = 2, #ARGV do
+  local p = parsed[ARGV[r]] or parse(ARGV[r])
+  local n, alg, p1, p2, p3, cost = p.n, p.alg, p.p1, p.p2, p.p3, p.cost
+  local peek, grp, dry = p.peek, p.grp, p.dry
   local count_at = #out + 1
   out[count_at] = 0
   local decided = 0
@@ -230,7 +244,7 @@ for r = 2, #ARGV do
     for k = i, j do
       local name = KEYS[key + k - 1]
       local verdict, wait, remaining, reset, retry, new, ttl =
-        algorithms[alg[k]](state(name), p1[k], p2[k], p3[k], cost[k])
+        alg[k](state(name), p1[k], p2[k], p3[k], cost[k])
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = verdict, wait, remaining, reset, retry
       if verdict == 2 then ok = false
@@ -254,6 +268,6 @@ for r = 2, #ARGV do
   key = key + n
 end
 for name, ttl in pairs(ttls) do
-  redis.call('SET', name, cached[name], 'PX', max(1, ttl))
+  redis.call('SET', name, encode(cached[name]), 'PX', max(1, ttl))
 end
 return out
