@@ -137,23 +137,37 @@ fn assert_recovers(samples: &[Sample], trouble: Duration, back: Duration) {
     assert!(late.is_empty(), "failures after recovery: {late:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
+/// Load on a fail-closed proxy while `trouble` hits Redis 600 ms in and
+/// `mend` undoes it 1 s later; returns the samples, the server and the
+/// proxy (still running).
+async fn outage_mid_load(
+    trouble: fn(&mut RedisServer),
+    mend: fn(&mut RedisServer),
+) -> (Vec<Sample>, Arc<Mutex<RedisServer>>, TestProxy) {
     let redis = Arc::new(Mutex::new(RedisServer::start()));
     let yaml = failing_closed(&redis.lock().unwrap());
     let proxy = TestProxy::spawn(&yaml).await;
-    let (kill_at, back_at) = (Duration::from_millis(600), Duration::from_millis(1600));
     let chaos = {
         let redis = redis.clone();
         async move {
-            tokio::time::sleep(kill_at).await;
-            redis.lock().unwrap().kill();
-            tokio::time::sleep(back_at - kill_at).await;
-            redis.lock().unwrap().restart();
+            tokio::time::sleep(TROUBLE_AT).await;
+            trouble(&mut redis.lock().unwrap());
+            tokio::time::sleep(BACK_AT - TROUBLE_AT).await;
+            mend(&mut redis.lock().unwrap());
         }
     };
     let samples = load(proxy.addr(), 6, Duration::from_millis(4500), chaos).await;
-    assert_recovers(&samples, kill_at, back_at + Duration::from_millis(100));
+    (samples, redis, proxy)
+}
+
+const TROUBLE_AT: Duration = Duration::from_millis(600);
+const BACK_AT: Duration = Duration::from_millis(1600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
+    let (samples, redis, _proxy) = outage_mid_load(RedisServer::kill, RedisServer::restart).await;
+    // `restart` returns once the new server answers, up to ~100 ms later.
+    assert_recovers(&samples, TROUBLE_AT, BACK_AT + Duration::from_millis(100));
     let redis = redis.lock().unwrap();
     // No reconnect storm: one connection from the proxy (and redis-cli's).
     let clients = redis.cli(&["CLIENT", "LIST"]).lines().count();
@@ -163,23 +177,9 @@ async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_mid_load_fails_closed_within_the_timeout_then_recovers() {
-    let redis = Arc::new(Mutex::new(RedisServer::start()));
-    let yaml = failing_closed(&redis.lock().unwrap());
-    let proxy = TestProxy::spawn(&yaml).await;
-    let (pause_at, back_at) = (Duration::from_millis(600), Duration::from_millis(1600));
-    let chaos = {
-        let redis = redis.clone();
-        async move {
-            tokio::time::sleep(pause_at).await;
-            redis.lock().unwrap().pause(true);
-            tokio::time::sleep(back_at - pause_at).await;
-            redis.lock().unwrap().pause(false);
-        }
-    };
-    let samples = load(proxy.addr(), 6, Duration::from_millis(4500), chaos).await;
-    assert_recovers(&samples, pause_at, back_at);
-    let redis = redis.lock().unwrap();
-    assert!(redis.keys_without_ttl("*").is_empty());
+    let (samples, redis, _proxy) = outage_mid_load(|r| r.pause(true), |r| r.pause(false)).await;
+    assert_recovers(&samples, TROUBLE_AT, BACK_AT);
+    assert!(redis.lock().unwrap().keys_without_ttl("*").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use common::redis::RedisServer;
 use rand::{Rng, SeedableRng};
 use tollgate::limiter::memory::{MemoryStore, ZoneSpec};
 use tollgate::limiter::redis::{RedisOptions, RedisStore};
-use tollgate::limiter::{Algorithm, Check, Limit};
+use tollgate::limiter::{Algorithm, Check, Limit, Store};
 
 fn options(url: String, cache: bool) -> RedisOptions {
     RedisOptions {
@@ -34,6 +34,22 @@ fn zones(limits: &[Limit]) -> Vec<ZoneSpec> {
             size_bytes: 1 << 20,
         })
         .collect()
+}
+
+fn fixed_window(name: &str, limit: u64, window_ms: u64) -> Limit {
+    Limit::new(name, Algorithm::FixedWindow { limit, window_ms }, 0)
+}
+
+/// A Redis store (no rejection cache) for one limit.
+async fn connect_one(server: &RedisServer, limit: &Limit) -> RedisStore {
+    let (redis, warning) = RedisStore::connect(
+        &options(server.url(), false),
+        &zones(std::slice::from_ref(limit)),
+    )
+    .await
+    .unwrap();
+    assert!(warning.is_none(), "{warning:?}");
+    redis
 }
 
 fn every_algorithm() -> Vec<Limit> {
@@ -203,20 +219,8 @@ async fn groups_are_all_or_nothing_alike_on_both_stores() {
 #[tokio::test]
 async fn script_flush_and_restart_are_invisible() {
     let mut server = RedisServer::start();
-    let limit = Limit::new(
-        "flush",
-        Algorithm::FixedWindow {
-            limit: 1000,
-            window_ms: 60_000,
-        },
-        0,
-    );
-    let (redis, _) = RedisStore::connect(
-        &options(server.url(), false),
-        &zones(std::slice::from_ref(&limit)),
-    )
-    .await
-    .unwrap();
+    let limit = fixed_window("flush", 1000, 60_000);
+    let redis = connect_one(&server, &limit).await;
     for round in 0..20 {
         if round % 5 == 0 {
             server.cli(&["SCRIPT", "FLUSH"]);
@@ -249,25 +253,11 @@ async fn script_flush_and_restart_are_invisible() {
     }
 }
 
-use tollgate::limiter::Store;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_script_calls_and_stay_exact() {
     let server = RedisServer::start();
-    let limit = Limit::new(
-        "batch",
-        Algorithm::FixedWindow {
-            limit: 300,
-            window_ms: 3_600_000,
-        },
-        0,
-    );
-    let (redis, _) = RedisStore::connect(
-        &options(server.url(), false),
-        &zones(std::slice::from_ref(&limit)),
-    )
-    .await
-    .unwrap();
+    let limit = fixed_window("batch", 300, 3_600_000);
+    let redis = connect_one(&server, &limit).await;
     let redis = std::sync::Arc::new(redis);
     let limit = std::sync::Arc::new(limit);
     let mut tasks = tokio::task::JoinSet::new();
