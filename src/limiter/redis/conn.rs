@@ -125,7 +125,13 @@ impl Link {
         let slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         match &slot.1 {
             Some(c) => Ok((slot.0, c.clone())),
-            None => Err("not connected"),
+            None => {
+                drop(slot);
+                // Counts toward the breaker, so a lost Redis is reported
+                // (and probed) even when no call was in flight as it went.
+                self.failed(0, false);
+                Err("not connected")
+            }
         }
     }
 
@@ -145,13 +151,15 @@ impl Link {
     /// Drops the connection of generation `generation`, if still current.
     fn drop_generation(&self, generation: u64) {
         let mut slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.0 == generation {
+        if slot.0 == generation && slot.1.is_some() {
             *slot = (generation + 1, None);
+            tracing::warn!("rate-limit store: connection to Redis lost; reconnecting");
         }
     }
 
+    /// Connected and the breaker closed (asking counts as no failure).
     pub fn is_up(&self) -> bool {
-        self.get().is_ok()
+        !self.open.load(Ordering::Relaxed) && self.current().is_some()
     }
 
     pub fn succeeded(&self) {
