@@ -293,3 +293,45 @@ fn check_connect_reaches_redis_or_says_why_not() {
     assert!(all.contains("refused"), "{all}");
     assert!(!all.contains("hunter2"), "{all}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_admits_and_says_so_in_the_log_without_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run = Running::start(&format!(
+        "store: {{ kind: redis, url: 'redis://app:hunter2@127.0.0.1:{port}', timeout: 50ms, on_error: fail_open }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{}}
+    limits: [{{ name: api, algorithm: fixed_window, key: ip, limit: 1, window: 1m }}]
+"
+    ));
+    for _ in 0..3 {
+        assert_eq!(get(run.addr, "/").await.status, 200);
+    }
+    let mut warned = None;
+    for _ in 0..50 {
+        warned = run
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|e| {
+                e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("rate-limit store failed"))
+            });
+        if warned.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let warned = warned.expect("a warning about the store");
+    assert_eq!(warned["level"], "WARN");
+    let all = run.logs.lock().unwrap().join("\n");
+    assert!(!all.contains("hunter2"), "{all}");
+}

@@ -7,6 +7,7 @@
 //! count, log and add headers, but never reject or delay.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -38,6 +39,9 @@ pub struct Limiter {
     /// The store when `store.kind` is memory; the `local` fallback otherwise.
     memory: MemoryStore,
     redis: Option<RedisStore>,
+    /// Requests decided without Redis since the last warning, and when
+    /// that was (s): at most one warning a second.
+    degraded: (AtomicU64, AtomicU64),
     zones: Vec<ZoneConfig>,
     /// Concurrent requests per key, for zones with `max_conn`.
     conns: Vec<Option<Arc<ConnCounter>>>,
@@ -74,6 +78,7 @@ impl Limiter {
         Limiter {
             memory: MemoryStore::new(store_zones),
             redis,
+            degraded: (AtomicU64::new(0), AtomicU64::new(0)),
             zones,
             conns,
             bypass,
@@ -280,6 +285,18 @@ impl Limiter {
     /// `fail_open` admits, `local` asks this process's memory store (with
     /// the limit divided by `store.replicas`). Groups keep their meaning.
     fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, ProxyError> {
+        let now = self.memory.now_ms();
+        let (count, last) = &self.degraded;
+        count.fetch_add(1, Ordering::Relaxed);
+        let second = now / 1000;
+        if last.load(Ordering::Relaxed) < second && last.swap(second, Ordering::Relaxed) < second {
+            let n = count.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                error = %err,
+                requests = n,
+                "rate-limit store failed; these requests were decided by on_error (fail_open admits, fail_closed refuses with 503, local asks this process's memory)"
+            );
+        }
         if let Some(c) = checks
             .iter()
             .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
@@ -293,8 +310,6 @@ impl Limiter {
                 headers: Box::default(),
             });
         }
-        tracing::debug!(error = %err, "rate-limit store failed; limits follow on_error");
-        let now = self.memory.now_ms();
         let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
         let mut decisions = Vec::with_capacity(checks.len());
         for group in groups(checks) {
