@@ -8,7 +8,8 @@
 //! - Keys are `<prefix>{<key>}:<limit>`, e.g. `tollgate:{ip:203.0.113.7}:api`:
 //!   the client key is the hash tag, so on Redis Cluster all limits of one
 //!   client key share a slot.
-//! - On a single node a request costs one round trip, whatever its limits.
+//! - On a single node a request costs at most one round trip, whatever its
+//!   limits; under load concurrent requests share script calls ([`batch`]).
 //!   On a cluster, checks on different client keys (a zone by IP and a limit
 //!   by user) live in different slots: each slot's part is decided by its
 //!   own script call, all in parallel, each all-or-nothing within itself;
@@ -111,23 +112,18 @@ impl RedisStore {
             });
         }
         let calls = Arc::new(AtomicU64::new(0));
+        let decide = Script::new(DECIDE);
         let store = RedisStore {
             link: link.clone(),
-            decide: Script::new(DECIDE),
+            decide: decide.clone(),
             refund: Script::new(REFUND),
             prefix: options.prefix.clone(),
             suffixes: suffixes.into(),
             timeout: options.timeout,
             cluster: options.cluster,
             cache: options.cache_rejections.then(RejectCache::new),
-            batcher: (!options.cluster).then(|| {
-                Batcher::start(
-                    link.clone(),
-                    Script::new(DECIDE),
-                    options.timeout,
-                    calls.clone(),
-                )
-            }),
+            batcher: (!options.cluster)
+                .then(|| Batcher::start(link.clone(), decide, options.timeout, calls.clone())),
             calls,
         };
         Ok((store, warning))
@@ -338,7 +334,15 @@ impl RedisStore {
                 if admitted {
                     keep[start..end].iter_mut().for_each(|k| *k = true);
                 }
-                if !complete || (!admitted && !group[0].dry_run) {
+                if !complete {
+                    // A part stopped early although every earlier group was
+                    // admitted: cannot happen; never guess an admission.
+                    failure = Some(LimiterError::Unavailable(
+                        "cluster parts answered inconsistently".into(),
+                    ));
+                    break;
+                }
+                if !admitted && !group[0].dry_run {
                     break;
                 }
                 start = end;
