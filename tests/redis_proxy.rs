@@ -38,6 +38,10 @@ async fn get_with(addr: SocketAddr, header: (&'static str, &str)) -> Got {
     send1(&mut s, req).await
 }
 
+/// The tests that time every request run one at a time, so that two load
+/// runs never share the two cores and blur each other's latencies.
+static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// One request's fate during a load run.
 #[derive(Debug, Clone)]
 struct Sample {
@@ -57,6 +61,7 @@ async fn load<F: std::future::Future<Output = ()>>(
     length: Duration,
     during: F,
 ) -> Vec<Sample> {
+    let _one_at_a_time = TIMED.lock().await;
     let samples = Arc::new(Mutex::new(Vec::new()));
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
