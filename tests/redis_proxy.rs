@@ -97,12 +97,22 @@ async fn load<F: std::future::Future<Output = ()>>(
 const TIMEOUT_MS: u64 = 100;
 
 fn failing_closed(redis: &RedisServer) -> String {
+    on_redis(
+        redis,
+        "on_error: fail_closed",
+        "{ name: all, algorithm: fixed_window, key: global, limit: 100000000, window: 1h }",
+    )
+}
+
+/// A 100 ms timeout, the breaker after 3 failures, probes every 100 ms,
+/// and `more` store settings.
+fn on_redis(redis: &RedisServer, more: &str, limits: &str) -> String {
     limited(
         &format!(
-            "kind: redis, url: '{}', timeout: {TIMEOUT_MS}ms, on_error: fail_closed, breaker: {{ failures: 3, probe_interval: 100ms }}",
+            "kind: redis, url: '{}', timeout: {TIMEOUT_MS}ms, {more}, breaker: {{ failures: 3, probe_interval: 100ms }}",
             redis.url()
         ),
-        "{ name: all, algorithm: fixed_window, key: global, limit: 100000000, window: 1h }",
+        limits,
     )
 }
 
@@ -146,11 +156,12 @@ fn assert_recovers(samples: &[Sample], trouble: Duration, back: Duration) {
 /// `mend` undoes it 1 s later; returns the samples, the server and the
 /// proxy (still running).
 async fn outage_mid_load(
+    config: fn(&RedisServer) -> String,
     trouble: fn(&mut RedisServer),
     mend: fn(&mut RedisServer),
 ) -> (Vec<Sample>, Arc<Mutex<RedisServer>>, TestProxy) {
     let redis = Arc::new(Mutex::new(RedisServer::start()));
-    let yaml = failing_closed(&redis.lock().unwrap());
+    let yaml = config(&redis.lock().unwrap());
     let proxy = TestProxy::spawn(&yaml).await;
     let chaos = {
         let redis = redis.clone();
@@ -170,7 +181,8 @@ const BACK_AT: Duration = Duration::from_millis(1600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
-    let (samples, redis, _proxy) = outage_mid_load(RedisServer::kill, RedisServer::restart).await;
+    let (samples, redis, _proxy) =
+        outage_mid_load(failing_closed, RedisServer::kill, RedisServer::restart).await;
     // `restart` returns once the new server answers, up to ~100 ms later.
     assert_recovers(&samples, TROUBLE_AT, BACK_AT + Duration::from_millis(100));
     let redis = redis.lock().unwrap();
@@ -182,9 +194,40 @@ async fn redis_killed_mid_load_fails_closed_within_the_timeout_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_mid_load_fails_closed_within_the_timeout_then_recovers() {
-    let (samples, redis, _proxy) = outage_mid_load(|r| r.pause(true), |r| r.pause(false)).await;
+    let (samples, redis, _proxy) =
+        outage_mid_load(failing_closed, |r| r.pause(true), |r| r.pause(false)).await;
     assert_recovers(&samples, TROUBLE_AT, BACK_AT);
     assert!(redis.lock().unwrap().keys_without_ttl("*").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_with_local_fallback_keeps_limiting() {
+    // 300 per hour for everyone. Redis counts 300, dies; this process
+    // counts 300 on its own; Redis comes back empty and counts 300 more.
+    // Each request is decided by exactly one of them. (With the rejection
+    // cache on, the key would stay refused for the hour instead.)
+    let (samples, _redis, _proxy) = outage_mid_load(
+        |r| {
+            on_redis(
+                r,
+                "on_error: local, cache_rejections: false",
+                "{ name: all, algorithm: sliding_log, key: global, limit: 300, window: 1h }",
+            )
+        },
+        RedisServer::kill,
+        RedisServer::restart,
+    )
+    .await;
+    let bound = Duration::from_millis(TIMEOUT_MS + 100);
+    let slowest = samples.iter().map(|s| s.took).max().unwrap_or_default();
+    assert!(slowest <= bound, "a request took {slowest:?}");
+    let others: Vec<_> = samples
+        .iter()
+        .filter(|s| !matches!(s.status, 200 | 429))
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+    let admitted = samples.iter().filter(|s| s.status == 200).count();
+    assert_eq!(admitted, 900, "of {} requests", samples.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
