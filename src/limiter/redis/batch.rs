@@ -91,18 +91,7 @@ async fn run(
         let (link, script, calls) = (link.clone(), script.clone(), calls.clone());
         tokio::spawn(async move {
             let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
-            let answers = match link.get() {
-                Err(why) => Err((why.to_owned(), false)),
-                Ok((generation, mut conn)) => {
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    let result = invoke(&mut conn, &script, 0, &jobs, timeout).await;
-                    match &result {
-                        Ok(_) => link.succeeded(),
-                        Err((_, broken)) => link.failed(generation, *broken),
-                    }
-                    result
-                }
-            };
+            let answers = call(&link, &script, &calls, 0, &jobs, timeout).await;
             match answers {
                 Ok(each) => {
                     for (reply, answer) in replies.into_iter().zip(each) {
@@ -120,10 +109,30 @@ async fn run(
     }
 }
 
+/// One script call for `jobs` on the link's connection, counted in `calls`
+/// and in the breaker: per job, the clock and its decision numbers.
+pub async fn call(
+    link: &Link,
+    script: &Script,
+    calls: &AtomicU64,
+    now: u64,
+    jobs: &[Job],
+    timeout: Duration,
+) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
+    let (generation, mut conn) = link.get().map_err(|why| (why.to_owned(), false))?;
+    calls.fetch_add(1, Ordering::Relaxed);
+    let result = invoke(&mut conn, script, now, jobs, timeout).await;
+    match &result {
+        Ok(_) => link.succeeded(),
+        Err((_, broken)) => link.failed(broken.then_some(generation)),
+    }
+    result
+}
+
 /// One script call for `jobs`, bounded by `timeout`: per job, the clock and
 /// its decision numbers. `EVALSHA`, and after `NOSCRIPT` (a restart, a
 /// `SCRIPT FLUSH`) `SCRIPT LOAD` and once more, all within the timeout.
-pub async fn invoke(
+async fn invoke(
     conn: &mut Conn,
     script: &Script,
     now: u64,
@@ -142,29 +151,39 @@ pub async fn invoke(
     for job in jobs {
         cmd.arg(&job.spec);
     }
+    let values: Vec<i64> = evalsha(conn, script, &cmd, timeout).await?;
+    split(&values, jobs).ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+}
+
+/// Sends `cmd`, an `EVALSHA` of `script`; after `NOSCRIPT` (a restart, a
+/// `SCRIPT FLUSH`) loads the script and sends it once more, all within
+/// `timeout`.
+pub async fn evalsha<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    cmd: &redis::Cmd,
+    timeout: Duration,
+) -> Result<T, Failure> {
     let call = async {
-        match cmd.query_async::<Vec<i64>>(conn).await {
+        match cmd.query_async::<T>(conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 script.prepare_invoke().load_async(conn).await?;
-                cmd.query_async::<Vec<i64>>(conn).await
+                cmd.query_async::<T>(conn).await
             }
             other => other,
         }
     };
-    let values = match tokio::time::timeout(timeout, call).await {
-        Err(_) => {
-            return Err((
-                format!("Redis did not answer within {}ms", timeout.as_millis()),
-                false,
-            ))
-        }
+    match tokio::time::timeout(timeout, call).await {
+        Err(_) => Err((
+            format!("Redis did not answer within {}ms", timeout.as_millis()),
+            false,
+        )),
         Ok(Err(e)) => {
             let broken = e.is_unrecoverable_error() || e.is_io_error();
-            return Err((super::describe(&e), broken));
+            Err((super::describe(&e), broken))
         }
-        Ok(Ok(v)) => v,
-    };
-    split(&values, jobs).ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+        Ok(Ok(v)) => Ok(v),
+    }
 }
 
 /// `now, (count, 5 x count numbers) per job` -> per job (now, numbers).

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,10 @@ const SHARD_CAPACITY: usize = 8192;
 
 pub struct RejectCache {
     shards: Box<[Mutex<HashMap<u64, Instant>>]>,
+    /// The latest time any entry stays rejected, in ms after `origin`: once
+    /// it has passed, every entry has expired and a request takes no lock.
+    latest: AtomicU64,
+    origin: Instant,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -23,6 +28,8 @@ impl RejectCache {
     pub fn new() -> Self {
         RejectCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            latest: AtomicU64::new(0),
+            origin: Instant::now(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -40,6 +47,15 @@ impl RejectCache {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    fn ms(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    /// Whether no entry is still rejected at `now`.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.latest.load(Ordering::Relaxed) <= self.ms(now)
+    }
+
     /// How long `key` of limit `zone` stays rejected, if it is cached.
     pub fn rejected_for(&self, zone: usize, key: &str, now: Instant) -> Option<Duration> {
         let hash = self.hash(zone, key);
@@ -54,6 +70,8 @@ impl RejectCache {
     }
 
     pub fn insert(&self, zone: usize, key: &str, until: Instant) {
+        // Rounded up: `is_idle` must never pass over a live entry.
+        self.latest.fetch_max(self.ms(until) + 1, Ordering::Relaxed);
         let hash = self.hash(zone, key);
         let mut shard = self.shard(hash);
         if shard.len() >= SHARD_CAPACITY {

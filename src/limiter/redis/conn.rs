@@ -129,7 +129,7 @@ impl Link {
                 drop(slot);
                 // Counts toward the breaker, so a lost Redis is reported
                 // (and probed) even when no call was in flight as it went.
-                self.failed(0, false);
+                self.failed(None);
                 Err("not connected")
             }
         }
@@ -168,10 +168,10 @@ impl Link {
         }
     }
 
-    /// Counts a failed call on the connection of `generation`; `broken`
-    /// says that connection itself is gone.
-    pub fn failed(&self, generation: u64, broken: bool) {
-        if broken {
+    /// Counts a failed call; `broken` names the generation of a connection
+    /// that is itself gone.
+    pub fn failed(&self, broken: Option<u64>) {
+        if let Some(generation) = broken {
             self.drop_generation(generation);
             self.wake.notify_one();
         }

@@ -188,7 +188,7 @@ impl RedisStore {
     ) -> Result<Outcome, LimiterError> {
         let local_now = Instant::now();
         let outcome = match self.cached_cut(checks, local_now) {
-            Some(cut) => self.decide_around(checks, now, cut, local_now).await?,
+            Some(cut) => self.decide_around(checks, now, cut).await?,
             None => Outcome {
                 decisions: self.send(checks, now).await?,
             },
@@ -197,42 +197,38 @@ impl RedisStore {
         Ok(outcome)
     }
 
-    /// The group (start, end) of the first enforced check whose key is
-    /// cached as rejected.
-    fn cached_cut(&self, checks: &[Check<'_>], now: Instant) -> Option<(usize, usize)> {
-        let cache = self.cache.as_ref()?;
+    /// The first enforced group with a key cached as rejected: where it
+    /// starts, and per check of it how long it stays rejected.
+    fn cached_cut(&self, checks: &[Check<'_>], now: Instant) -> Option<Cut> {
+        let cache = self.cache.as_ref().filter(|c| !c.is_idle(now))?;
         let mut start = 0;
         for group in groups(checks) {
-            let end = start + group.len();
-            if !group[0].dry_run
-                && group
+            if !group[0].dry_run {
+                let waits: Vec<Option<Duration>> = group
                     .iter()
-                    .any(|c| cache.rejected_for(c.limit.zone, c.key, now).is_some())
-            {
-                return Some((start, end));
+                    .map(|c| cache.rejected_for(c.limit.zone, c.key, now))
+                    .collect();
+                if waits.iter().any(Option::is_some) {
+                    return Some(Cut { start, waits });
+                }
             }
-            start = end;
+            start += group.len();
         }
         None
     }
 
-    /// Decides with the group `cut` known to be rejected: the groups before
-    /// it go to Redis as usual, its other checks go as peeks (so the
+    /// Decides with the group at `cut` known to be rejected: the groups
+    /// before it go to Redis as usual, its other checks go as peeks (so the
     /// response headers are true), and its cached checks are answered here.
     async fn decide_around(
         &self,
         checks: &[Check<'_>],
         now: u64,
-        (start, end): (usize, usize),
-        local_now: Instant,
+        Cut { start, waits }: Cut,
     ) -> Result<Outcome, LimiterError> {
-        let cache = self.cache.as_ref();
-        let cached: Vec<Option<Duration>> = checks[start..end]
-            .iter()
-            .map(|c| cache.and_then(|k| k.rejected_for(c.limit.zone, c.key, local_now)))
-            .collect();
+        let end = start + waits.len();
         let mut sent: Vec<Check<'_>> = checks[..start].to_vec();
-        for (c, hit) in checks[start..end].iter().zip(&cached) {
+        for (c, hit) in checks[start..end].iter().zip(&waits) {
             if hit.is_none() {
                 sent.push(Check { peek: true, ..*c });
             }
@@ -248,7 +244,7 @@ impl RedisStore {
         }
         let mut decisions = decided[..start].to_vec();
         let mut peeked = decided[start..].iter();
-        for (c, hit) in checks[start..end].iter().zip(&cached) {
+        for (c, hit) in checks[start..end].iter().zip(&waits) {
             match hit {
                 Some(wait) => decisions.push(cached_rejection(&c.limit.algorithm, *wait)),
                 None => decisions.extend(peeked.next().copied()),
@@ -369,32 +365,23 @@ impl RedisStore {
         let Ok((_, mut conn)) = self.link.get() else {
             return;
         };
-        let timeout = self.timeout;
-        // Owned copies: the refund finishes after the request has gone.
-        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
-        let script = self.refund.clone();
-        let mut args: Vec<String> = vec![stamp.to_string()];
+        // Built now: the refund finishes after the request has gone.
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.refund.get_hash()).arg(checks.len());
+        for c in checks {
+            cmd.arg(self.key(c));
+        }
+        cmd.arg(stamp);
         for c in checks {
             let (tag, p1, p2, p3) = params(&c.limit.algorithm);
-            args.extend([
-                tag.to_string(),
-                p1.to_string(),
-                p2.to_string(),
-                p3.to_string(),
-            ]);
-            args.push(c.cost.to_string());
+            cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(c.cost);
         }
+        let (script, timeout) = (self.refund.clone(), self.timeout * 4);
         tokio::spawn(async move {
-            let mut inv = script.prepare_invoke();
-            for k in &keys {
-                inv.key(k);
-            }
-            for a in &args {
-                inv.arg(a);
-            }
-            let refunded =
-                tokio::time::timeout(timeout * 4, inv.invoke_async::<i64>(&mut conn)).await;
-            if !matches!(refunded, Ok(Ok(_))) {
+            if batch::evalsha::<i64>(&mut conn, &script, &cmd, timeout)
+                .await
+                .is_err()
+            {
                 tracing::warn!("rate-limit store: could not give back a refused request's charge; it expires with its key");
             }
         });
@@ -436,25 +423,21 @@ impl RedisStore {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(_)) => Err(("the store is shutting down".to_owned(), false)),
                     Err(_) => {
-                        self.link.failed(0, false);
+                        self.link.failed(None);
                         return Err(LimiterError::Timeout(self.timeout.as_millis() as u64));
                     }
                 }
             }
-            _ => {
-                let (generation, mut conn) = self
-                    .link
-                    .get()
-                    .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
-                self.calls.fetch_add(1, Ordering::Relaxed);
-                let result =
-                    batch::invoke(&mut conn, &self.decide, now, &[job], self.timeout).await;
-                match &result {
-                    Ok(_) => self.link.succeeded(),
-                    Err((_, broken)) => self.link.failed(generation, *broken),
-                }
-                result.map(|mut each| each.pop().unwrap_or_default())
-            }
+            _ => batch::call(
+                &self.link,
+                &self.decide,
+                &self.calls,
+                now,
+                &[job],
+                self.timeout,
+            )
+            .await
+            .map(|mut each| each.pop().unwrap_or_default()),
         };
         let (stamp, values) = answer.map_err(|(why, _)| LimiterError::Unavailable(why))?;
         Ok((stamp, parse(checks, &values)))
@@ -562,6 +545,14 @@ fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
             }
         })
         .collect()
+}
+
+/// A group answered partly from the rejection cache.
+struct Cut {
+    /// Index of the group's first check.
+    start: usize,
+    /// Per check of the group: how long it stays rejected, if cached.
+    waits: Vec<Option<Duration>>,
 }
 
 /// The decision for a key the cache knows is rejected for `wait`.
