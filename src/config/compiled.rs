@@ -35,55 +35,12 @@ pub struct Config {
 /// every replica.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    pub kind: StoreKind,
-    /// Prepended to every Redis key (`tollgate:`).
-    pub prefix: String,
-    /// Bounds every Redis decision, reload of the script included.
-    pub timeout: Duration,
-    pub connect_timeout: Duration,
+    /// `None`: the memory store. The options' Debug hides passwords.
+    pub redis: Option<crate::limiter::redis::RedisOptions>,
     /// The default for limits that do not set their own `on_error`.
     pub on_error: crate::limiter::OnError,
     /// `local` mode divides every limit by this.
     pub replicas: u64,
-    /// Consecutive failures that open the circuit breaker.
-    pub breaker_failures: u32,
-    /// While open, how often one probe checks whether Redis is back.
-    pub probe_interval: Duration,
-    /// Remember keys Redis rejected until their retry time.
-    pub cache_rejections: bool,
-    /// PEM of a private CA for `rediss://`.
-    pub tls_ca: Option<Vec<u8>>,
-}
-
-#[derive(Clone)]
-pub enum StoreKind {
-    Memory,
-    Redis { url: String },
-    Cluster { nodes: Vec<String> },
-}
-
-impl std::fmt::Debug for StoreKind {
-    // URLs may carry a password: never print them.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreKind::Memory => f.write_str("Memory"),
-            StoreKind::Redis { url } => write!(f, "Redis({})", redact_url(url)),
-            StoreKind::Cluster { nodes } => {
-                let nodes: Vec<_> = nodes.iter().map(|n| redact_url(n)).collect();
-                write!(f, "Cluster({})", nodes.join(", "))
-            }
-        }
-    }
-}
-
-/// `redis://user:secret@host:6379/0` -> `redis://host:6379/0`.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 #[derive(Debug)]

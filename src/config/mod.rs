@@ -115,16 +115,15 @@ impl Config {
             self.client_ip.ipv4_prefix,
             self.client_ip.ipv6_prefix,
         );
-        let st = &self.store;
-        let _ = match &st.kind {
-            StoreKind::Memory => writeln!(s, "store:     memory (this process only)"),
-            kind => writeln!(
+        let _ = match &self.store.redis {
+            None => writeln!(s, "store:     memory (this process only)"),
+            Some(r) => writeln!(
                 s,
-                "store:     {kind:?}, prefix {:?}, timeout {}, on_error {}, breaker after {} failures",
-                st.prefix,
-                units::format_duration(st.timeout),
-                st.on_error,
-                st.breaker_failures,
+                "store:     {r:?}, prefix {:?}, timeout {}, on_error {}, breaker after {} failures",
+                r.prefix,
+                units::format_duration(r.timeout),
+                self.store.on_error,
+                r.breaker_failures,
             ),
         };
         if let Some(id) = &self.identity {

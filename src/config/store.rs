@@ -5,29 +5,24 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 
 use super::checker::Checker;
-use super::compiled::{redact_url, StoreConfig, StoreKind};
+use super::compiled::StoreConfig;
 use super::raw::RawStore;
+use crate::limiter::redis::{redact_url, RedisOptions};
 use crate::limiter::OnError;
 
 pub const DEFAULT_PREFIX: &str = "tollgate:";
 
 pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
     let mut out = StoreConfig {
-        kind: StoreKind::Memory,
-        prefix: DEFAULT_PREFIX.to_owned(),
-        timeout: Duration::from_millis(10),
-        connect_timeout: Duration::from_secs(1),
+        redis: None,
         on_error: OnError::Local,
         replicas: 1,
-        breaker_failures: 5,
-        probe_interval: Duration::from_millis(250),
-        cache_rejections: true,
-        tls_ca: None,
     };
     let Some(raw) = raw else {
         return out;
     };
-    out.kind = match raw.kind.as_str() {
+    // (nodes, cluster), or None for the memory store.
+    let target: Option<(Vec<String>, bool)> = match raw.kind.as_str() {
         "memory" => {
             for (set, key) in [(raw.url.is_some(), "url"), (raw.nodes.is_some(), "nodes")] {
                 if set {
@@ -37,7 +32,7 @@ pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
                     );
                 }
             }
-            StoreKind::Memory
+            None
         }
         "redis" => {
             if raw.nodes.is_some() {
@@ -49,14 +44,14 @@ pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
             match &raw.url {
                 Some(url) => {
                     check_url("store.url", url, c);
-                    StoreKind::Redis { url: url.clone() }
+                    Some((vec![url.clone()], false))
                 }
                 None => {
                     c.report(
                         "store.url",
                         "is required with kind redis, e.g. redis://127.0.0.1:6379",
                     );
-                    StoreKind::Memory
+                    None
                 }
             }
         }
@@ -77,30 +72,33 @@ pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
             for (i, n) in nodes.iter().enumerate() {
                 check_url(&format!("store.nodes[{i}]"), n, c);
             }
-            StoreKind::Cluster { nodes }
+            Some((nodes, true))
         }
         other => {
             c.report(
                 "store.kind",
                 format!("expected memory, redis or redis_cluster, got \"{other}\""),
             );
-            StoreKind::Memory
+            None
         }
     };
-    if let Some(p) = &raw.prefix {
-        if p.contains(['{', '}']) {
-            c.report(
-                "store.prefix",
-                "must not contain { or }: tollgate sets the hash tags",
-            );
+    let prefix = match &raw.prefix {
+        Some(p) => {
+            if p.contains(['{', '}']) {
+                c.report(
+                    "store.prefix",
+                    "must not contain { or }: tollgate sets the hash tags",
+                );
+            }
+            p.clone()
         }
-        out.prefix = p.clone();
-    }
-    out.timeout = c.positive_duration("store.timeout", &raw.timeout, out.timeout);
-    out.connect_timeout = c.positive_duration(
+        None => DEFAULT_PREFIX.to_owned(),
+    };
+    let timeout = c.positive_duration("store.timeout", &raw.timeout, Duration::from_millis(10));
+    let connect_timeout = c.positive_duration(
         "store.connect_timeout",
         &raw.connect_timeout,
-        out.connect_timeout,
+        Duration::from_secs(1),
     );
     if let Some(m) = &raw.on_error {
         match m.parse() {
@@ -109,21 +107,39 @@ pub fn store(raw: Option<&RawStore>, c: &mut Checker) -> StoreConfig {
         }
     }
     out.replicas = c.number("store.replicas", &raw.replicas, 1u64, 1, 10_000);
-    if let Some(b) = &raw.breaker {
-        out.breaker_failures = c.number("store.breaker.failures", &b.failures, 5u32, 1, 1_000_000);
-        out.probe_interval = c.positive_duration(
-            "store.breaker.probe_interval",
-            &b.probe_interval,
-            out.probe_interval,
-        );
-    }
-    out.cache_rejections = raw.cache_rejections.unwrap_or(true);
-    if let Some(path) = raw.tls.as_ref().and_then(|t| t.ca.as_ref()) {
-        match std::fs::read(path) {
-            Ok(pem) => out.tls_ca = Some(pem),
-            Err(e) => c.report("store.tls.ca", format!("cannot read {path}: {e}")),
-        }
-    }
+    let breaker = raw.breaker.as_ref();
+    let breaker_failures = c.number(
+        "store.breaker.failures",
+        &breaker.and_then(|b| b.failures.clone()),
+        5u32,
+        1,
+        1_000_000,
+    );
+    let probe_interval = c.positive_duration(
+        "store.breaker.probe_interval",
+        &breaker.and_then(|b| b.probe_interval.clone()),
+        Duration::from_millis(250),
+    );
+    let tls_ca = raw
+        .tls
+        .as_ref()
+        .and_then(|t| t.ca.as_ref())
+        .and_then(|path| {
+            std::fs::read(path)
+                .map_err(|e| c.report("store.tls.ca", format!("cannot read {path}: {e}")))
+                .ok()
+        });
+    out.redis = target.map(|(nodes, cluster)| RedisOptions {
+        nodes,
+        cluster,
+        prefix,
+        timeout,
+        connect_timeout,
+        breaker_failures,
+        probe_interval,
+        cache_rejections: raw.cache_rejections.unwrap_or(true),
+        tls_ca,
+    });
     out
 }
 
@@ -157,7 +173,7 @@ pub fn on_error(raw: &Option<String>, path: &str, store: &StoreConfig, c: &mut C
 #[cfg(test)]
 mod tests {
     use crate::config::testing::{assert_exactly, problems};
-    use crate::config::{Config, StoreKind};
+    use crate::config::Config;
     use crate::limiter::OnError;
 
     const ROUTES: &str = "listeners: [{ bind: '127.0.0.1:0' }]
@@ -177,10 +193,14 @@ routes:
     #[test]
     fn defaults_and_per_limit_overrides() {
         let c = Config::from_yaml(ROUTES, &|_| None).unwrap();
-        assert!(matches!(c.store.kind, StoreKind::Memory));
-        assert_eq!(c.store.prefix, "tollgate:");
-        assert_eq!(c.store.timeout, std::time::Duration::from_millis(10));
+        assert!(c.store.redis.is_none(), "memory by default");
         assert_eq!(c.store.on_error, OnError::Local);
+        let r = config("{ kind: redis, url: 'redis://127.0.0.1:6379' }")
+            .store
+            .redis
+            .unwrap();
+        assert_eq!(r.prefix, "tollgate:");
+        assert_eq!(r.timeout, std::time::Duration::from_millis(10));
 
         let c = config("{ kind: redis, url: 'redis://u:p@10.0.0.5:6379/2', on_error: fail_closed, replicas: 4 }");
         let limits = &c.routes[0].limits;

@@ -17,11 +17,11 @@ use sha2::{Digest, Sha256};
 
 use super::key::{self, KeySource};
 use crate::config::{
-    BypassConfig, ClientIpConfig, HeaderStyle, RouteConfig, StoreConfig, StoreKind, ZoneConfig,
+    BypassConfig, ClientIpConfig, HeaderStyle, RouteConfig, StoreConfig, ZoneConfig,
 };
 use crate::error::ProxyError;
 use crate::limiter::memory::MemoryStore;
-use crate::limiter::redis::{RedisOptions, RedisStore};
+use crate::limiter::redis::RedisStore;
 use crate::limiter::{
     groups, most_restrictive, Check, Decision, Limit, LimiterError, OnError, Outcome, Store,
     Verdict,
@@ -529,29 +529,16 @@ pub async fn open_store(
     store: &StoreConfig,
     zones: &[crate::limiter::memory::ZoneSpec],
 ) -> Result<Option<RedisStore>, String> {
-    let (nodes, cluster) = match &store.kind {
-        StoreKind::Memory => return Ok(None),
-        StoreKind::Redis { url } => (vec![url.clone()], false),
-        StoreKind::Cluster { nodes } => (nodes.clone(), true),
+    let Some(options) = &store.redis else {
+        return Ok(None);
     };
-    let options = RedisOptions {
-        nodes,
-        cluster,
-        prefix: store.prefix.clone(),
-        timeout: store.timeout,
-        connect_timeout: store.connect_timeout,
-        breaker_failures: store.breaker_failures,
-        probe_interval: store.probe_interval,
-        cache_rejections: store.cache_rejections,
-        tls_ca: store.tls_ca.clone(),
-    };
-    let (redis, warning) = RedisStore::connect(&options, zones).await?;
+    let (redis, warning) = RedisStore::connect(options, zones).await?;
     match warning {
         Some(why) => tracing::warn!(
             error = %why,
             "rate-limit store: Redis is not reachable yet; limits follow on_error until it is"
         ),
-        None => tracing::info!(kind = ?store.kind, "rate-limit store: connected"),
+        None => tracing::info!(store = ?options, "rate-limit store: connected"),
     }
     Ok(Some(redis))
 }

@@ -43,7 +43,7 @@ const REFUND: &str = include_str!("refund.lua");
 /// Numbers per decision in the script's answer.
 const STRIDE: usize = 5;
 
-/// How to reach Redis and how patient to be.
+/// How to reach Redis and how patient to be (`store` in the config).
 #[derive(Clone)]
 pub struct RedisOptions {
     /// One URL, or a cluster's seed nodes.
@@ -57,6 +57,29 @@ pub struct RedisOptions {
     pub cache_rejections: bool,
     /// PEM of a private CA, for `rediss://`.
     pub tls_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    // URLs may carry a password: never print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| redact_url(n)).collect();
+        write!(
+            f,
+            "{}({})",
+            if self.cluster { "Cluster" } else { "Redis" },
+            nodes.join(", ")
+        )
+    }
+}
+
+/// `redis://user:secret@host:6379/0` -> `redis://host:6379/0`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 pub struct RedisStore {
