@@ -372,10 +372,18 @@ impl Limiter {
                     .is_some_and(|s| s.contains(&status))
                     .then(|| Check::new(&l.limit, key, l.cost))
             })
+            .enumerate()
+            // Each is charged on its own, one over its limit not stopping
+            // the others: a group each, never stopping the next (the
+            // dry-run rule), all in one store call.
+            .map(|(i, c)| Check {
+                group: (i % 2) as u8,
+                dry_run: true,
+                ..c
+            })
             .collect();
-        // Each is charged on its own: one over its limit does not stop the others.
-        for check in &checks {
-            let _ = self.decide(std::slice::from_ref(check)).await;
+        if !checks.is_empty() {
+            let _ = self.decide(&checks).await;
         }
     }
 }
