@@ -161,31 +161,31 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Rejected when any limit rejects; otherwise delayed by the longest delay.
+    /// See [`verdict`].
     pub fn verdict(&self) -> Verdict {
-        Self::verdict_of(&self.decisions)
-    }
-
-    /// [`Outcome::verdict`] of some of the decisions (one group).
-    pub fn verdict_of(decisions: &[Decision]) -> Verdict {
-        let mut delay = 0;
-        for d in decisions {
-            match d.verdict {
-                Verdict::Reject => return Verdict::Reject,
-                Verdict::Delay(ms) => delay = delay.max(ms),
-                Verdict::Allow => {}
-            }
-        }
-        if delay > 0 {
-            Verdict::Delay(delay)
-        } else {
-            Verdict::Allow
-        }
+        verdict(&self.decisions)
     }
 
     /// The index of the limit to report in headers; see [`most_restrictive`].
     pub fn most_restrictive(&self) -> Option<usize> {
         most_restrictive(self.decisions.iter())
+    }
+}
+
+/// Rejected when any decision rejects; otherwise delayed by the longest delay.
+pub fn verdict(decisions: &[Decision]) -> Verdict {
+    let mut delay = 0;
+    for d in decisions {
+        match d.verdict {
+            Verdict::Reject => return Verdict::Reject,
+            Verdict::Delay(ms) => delay = delay.max(ms),
+            Verdict::Allow => {}
+        }
+    }
+    if delay > 0 {
+        Verdict::Delay(delay)
+    } else {
+        Verdict::Allow
     }
 }
 

@@ -23,8 +23,8 @@ use crate::error::ProxyError;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{
-    groups, most_restrictive, Check, Decision, Limit, LimiterError, OnError, Outcome, Store,
-    Verdict,
+    groups, most_restrictive, verdict, Check, Decision, Limit, LimiterError, OnError, Outcome,
+    Store, Verdict,
 };
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -191,7 +191,7 @@ impl Limiter {
                     }
                 }
             }
-            match Outcome::verdict_of(decided) {
+            match verdict(decided) {
                 Verdict::Allow => {}
                 Verdict::Delay(ms) if !dry => delay = delay.max(ms),
                 Verdict::Delay(_) => {}
