@@ -209,35 +209,20 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<Outcome, LimiterError> {
+        let Some(cache) = &self.cache else {
+            return Ok(Outcome {
+                decisions: self.send(checks, now).await?,
+            });
+        };
         let local_now = Instant::now();
-        let outcome = match self.cached_cut(checks, local_now) {
+        let outcome = match cached_cut(cache, checks, local_now) {
             Some(cut) => self.decide_around(checks, now, cut).await?,
             None => Outcome {
                 decisions: self.send(checks, now).await?,
             },
         };
-        self.remember(checks, &outcome.decisions, local_now);
+        remember(cache, checks, &outcome.decisions, local_now);
         Ok(outcome)
-    }
-
-    /// The first enforced group with a key cached as rejected: where it
-    /// starts, and per check of it how long it stays rejected.
-    fn cached_cut(&self, checks: &[Check<'_>], now: Instant) -> Option<Cut> {
-        let cache = self.cache.as_ref().filter(|c| !c.is_idle(now))?;
-        let mut start = 0;
-        for group in groups(checks) {
-            if !group[0].dry_run {
-                let waits: Vec<Option<Duration>> = group
-                    .iter()
-                    .map(|c| cache.rejected_for(c.limit.zone, c.key, now))
-                    .collect();
-                if waits.iter().any(Option::is_some) {
-                    return Some(Cut { start, waits });
-                }
-            }
-            start += group.len();
-        }
-        None
     }
 
     /// Decides with the group at `cut` known to be rejected: the groups
@@ -274,19 +259,6 @@ impl RedisStore {
             }
         }
         Ok(Outcome { decisions })
-    }
-
-    fn remember(&self, checks: &[Check<'_>], decisions: &[Decision], now: Instant) {
-        let Some(cache) = &self.cache else { return };
-        for (c, d) in checks.iter().zip(decisions) {
-            if !c.dry_run && !d.admitted() && d.retry_after_ms > 0 {
-                cache.insert(
-                    c.limit.zone,
-                    c.key,
-                    now + Duration::from_millis(d.retry_after_ms),
-                );
-            }
-        }
     }
 
     /// One script call, or on a cluster one per client key (see the
@@ -568,6 +540,41 @@ fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
             }
         })
         .collect()
+}
+
+/// The first enforced group with a key cached as rejected: where it
+/// starts, and per check of it how long it stays rejected.
+fn cached_cut(cache: &RejectCache, checks: &[Check<'_>], now: Instant) -> Option<Cut> {
+    if cache.is_idle(now) {
+        return None;
+    }
+    let mut start = 0;
+    for group in groups(checks) {
+        if !group[0].dry_run {
+            let waits: Vec<Option<Duration>> = group
+                .iter()
+                .map(|c| cache.rejected_for(c.limit.zone, c.key, now))
+                .collect();
+            if waits.iter().any(Option::is_some) {
+                return Some(Cut { start, waits });
+            }
+        }
+        start += group.len();
+    }
+    None
+}
+
+/// Remembers the keys Redis rejected, until their retry time.
+fn remember(cache: &RejectCache, checks: &[Check<'_>], decisions: &[Decision], now: Instant) {
+    for (c, d) in checks.iter().zip(decisions) {
+        if !c.dry_run && !d.admitted() && d.retry_after_ms > 0 {
+            cache.insert(
+                c.limit.zone,
+                c.key,
+                now + Duration::from_millis(d.retry_after_ms),
+            );
+        }
+    }
 }
 
 /// A group answered partly from the rejection cache.
