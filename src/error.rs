@@ -36,17 +36,11 @@ pub enum ProxyError {
         path: String,
         allow: String,
     },
-    #[error("{detail}")]
-    RateLimited {
-        limit: String,
-        /// "rate limit 'login' exceeded: 5 requests per 1m; retry in 42s"
-        detail: String,
-        retry_after: u64,
-        /// 429, or a zone's 503.
-        status: StatusCode,
-        /// Rate-limit headers for the response (route limits).
-        headers: Box<http::HeaderMap>,
-    },
+    /// The rate-limit store failed and a `fail_closed` limit refuses.
+    /// (A limit that refuses a request is not an error: it is a value the
+    /// response stage renders, see `pipeline::ctx::Rejection`.)
+    #[error("{0}")]
+    LimitUnavailable(crate::limiter::LimiterError),
     #[error("{0}")]
     Forbidden(&'static str),
     #[error("the webhook signature is missing or wrong ({0})")]
@@ -82,7 +76,7 @@ impl ProxyError {
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ProxyError::BadSignature(_) => StatusCode::UNAUTHORIZED,
             ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ProxyError::RateLimited { status, .. } => *status,
+            ProxyError::LimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -128,14 +122,11 @@ mod tests {
             (ProxyError::BadSignature("tampered"), 401),
             (ProxyError::Forbidden("not an allowed source"), 403),
             (
-                ProxyError::RateLimited {
+                ProxyError::LimitUnavailable(crate::limiter::LimiterError::Closed {
                     limit: "login".into(),
-                    detail: "rate limit".into(),
-                    retry_after: 3,
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    headers: Box::default(),
-                },
-                429,
+                    cause: "timed out".into(),
+                }),
+                503,
             ),
             (ProxyError::HeadersTooLarge { size: 9, limit: 8 }, 431),
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),

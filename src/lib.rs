@@ -10,16 +10,26 @@
 //!   -> pipeline::client_ip   who the client is: trusted real-IP resolution
 //!   -> pipeline::route       host / path / method match
 //!      (pipeline::normalize: one spelling per path, before matching)
+//!   -> pipeline::bypass      bypass paths / tokens / sources, webhook sources
+//!   -> pipeline::zones       tier 1 keyed by ip / header / global: counts
+//!                            every request, before any credential
 //!   -> pipeline::identity    verified JWT claim or API-key hash -> user
-//!      (pipeline::key builds rate-limit keys from the client and identity)
-//!   -> pipeline::limits      bypass, tier-1 zones, tier-2 route limits, headers
-//!      (pipeline::webhook: allowed sources and signature checks)
-//!   -> pipeline::upstream    pooled keep-alive forward, round robin, timeouts
-//!   -> pipeline::response    problem bodies, canned answers, access log
+//!   -> pipeline::webhook     only_allowed_sources (403); signature checks
+//!   -> pipeline::limits      tier 2 route limits + zones keyed by user
+//!      (pipeline::decide: the store call both tiers make; pipeline::key
+//!       builds rate-limit keys from the client and identity)
+//!   -> pipeline::proxy       the upstream request: headers, Host, body;
+//!      (pipeline::upstream: pooled keep-alive, round robin, timeouts)
+//!   -> pipeline::response    429s, problem bodies, RateLimit headers
+//!      (pipeline::record: the access log and in-flight count, settled
+//!       when the response body ends; pipeline::ctx: what a request
+//!       carries between stages)
 //! ```
 //!
 //! `limiter` is the rate-limit engine the limiting stages call: six pure
-//! algorithms and the bounded in-memory store behind a `Store` trait.
+//! algorithms, the bounded in-memory store and the Redis store behind a
+//! `Store` trait, and `limiter::engine`, the store the pipeline asks, where
+//! each limit's failure mode is applied.
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `admin` serves
 //! `/healthz` and `/readyz`.

@@ -96,8 +96,12 @@ fn check_store(config: &Config) -> ExitCode {
         }
     };
     let result: Result<String, String> = runtime.block_on(async {
-        let store = tollgate::pipeline::limits::open_store(&config.store, &config.store_zones);
-        match store.await? {
+        let engine = tollgate::limiter::engine::Engine::open(
+            config.store.redis.as_ref(),
+            &config.store_zones,
+        )
+        .await?;
+        match engine.redis() {
             None => Ok("memory (nothing to connect to)".to_owned()),
             Some(redis) => {
                 let version = redis.check_connection().await?;

@@ -309,7 +309,7 @@ pub enum TokenSource {
 pub struct ZoneConfig {
     /// The engine's view: name, leaky-bucket algorithm, store partition.
     pub limit: crate::limiter::Limit,
-    pub key: crate::pipeline::key::KeyKind,
+    pub key: KeyKind,
     /// 429 by default; 503 to mimic nginx.
     pub status: StatusCode,
     pub dry_run: bool,
@@ -323,7 +323,7 @@ pub struct ZoneConfig {
 #[derive(Debug, Clone)]
 pub struct RouteLimit {
     pub limit: crate::limiter::Limit,
-    pub key: crate::pipeline::key::KeyKind,
+    pub key: KeyKind,
     pub cost: u64,
     pub dry_run: bool,
     /// Charge only responses with these statuses (checked before, charged after).
@@ -389,4 +389,42 @@ pub struct BypassConfig {
     pub token_hashes: Vec<[u8; 32]>,
     pub header: Option<http::HeaderName>,
     pub sources: Vec<ipnet::IpNet>,
+}
+
+/// Which bucket a limit counts a request in (see `pipeline::key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind {
+    Ip,
+    User,
+    UserOrIp,
+    Header(http::HeaderName),
+    Global,
+}
+
+impl std::str::FromStr for KeyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ip" => Ok(KeyKind::Ip),
+            "user" => Ok(KeyKind::User),
+            "user_or_ip" => Ok(KeyKind::UserOrIp),
+            "global" => Ok(KeyKind::Global),
+            _ => match s.strip_prefix("header:") {
+                Some(name) => http::HeaderName::from_bytes(name.trim().as_bytes())
+                    .map(KeyKind::Header)
+                    .map_err(|_| format!("\"{name}\" is not a valid header name")),
+                None => Err(format!(
+                    "expected ip, user, user_or_ip, header:<name> or global, got \"{s}\""
+                )),
+            },
+        }
+    }
+}
+
+impl KeyKind {
+    /// Whether the key depends on the verified identity (so a limit with
+    /// it is decided after the identity stage).
+    pub fn needs_identity(&self) -> bool {
+        matches!(self, KeyKind::User | KeyKind::UserOrIp)
+    }
 }

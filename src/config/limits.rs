@@ -13,9 +13,9 @@ use super::client::parse_cidr;
 use super::compiled::*;
 use super::raw::{RawBypass, RawLimit, RawRoute, RawVerify, RawZone, Text};
 use super::units::{format_duration, parse_duration};
+use super::KeyKind;
 use crate::limiter::memory::ZoneSpec;
 use crate::limiter::{Algorithm, Limit, OnError};
-use crate::pipeline::key::KeyKind;
 
 use super::checker::Checker;
 

@@ -136,15 +136,9 @@ impl MemoryStore {
 
     /// Decides `checks` at `now` (ms); see [`Store::decide`].
     pub fn decide_at(&self, checks: &[Check<'_>], now: u64) -> Outcome {
-        let mut decisions = Vec::with_capacity(checks.len());
-        for group in super::groups(checks) {
-            let before = decisions.len();
-            self.decide_group(group, now, &mut decisions);
-            if !group[0].dry_run && !decisions[before..].iter().all(Decision::admitted) {
-                break;
-            }
-        }
-        Outcome { decisions }
+        super::decide_in_groups(checks, |group, decisions| {
+            self.decide_group(group, now, decisions)
+        })
     }
 
     /// One group, all or nothing; appends its decisions.

@@ -6,12 +6,16 @@
 //!   least-recently-used eviction, idle keys expired as it goes.
 //! - [`Store`]: what a store must do, shaped so a Redis store can run every
 //!   algorithm for every limit of a request in one atomic round trip.
+//! - `engine`: the store the proxy asks: memory or Redis, with each limit's
+//!   failure mode (`on_error`) applied in one place when Redis fails.
 //!
 //! Several limits on one request are all-or-nothing: the request is charged
 //! to every limit only when every limit allows it, so a rejection by one
 //! burns no quota in the others (as nginx does).
 
 pub mod algorithm;
+pub mod conn;
+pub mod engine;
 pub mod memory;
 pub mod redis;
 
@@ -151,6 +155,30 @@ pub fn groups<'c, 'a>(checks: &'c [Check<'a>]) -> impl Iterator<Item = &'c [Chec
     checks.chunk_by(|a, b| a.group == b.group && a.dry_run == b.dry_run)
 }
 
+/// The group walk every store follows: decides each group in order with
+/// `decide_group` (which appends one decision per check) and stops after
+/// the first enforced group that did not admit (see [`Store::decide`]).
+pub fn decide_in_groups<'a>(
+    checks: &[Check<'a>],
+    mut decide_group: impl FnMut(&[Check<'a>], &mut Vec<Decision>),
+) -> Outcome {
+    let mut decisions = Vec::with_capacity(checks.len());
+    for group in groups(checks) {
+        let before = decisions.len();
+        decide_group(group, &mut decisions);
+        if stops(group, &decisions[before..]) {
+            break;
+        }
+    }
+    Outcome { decisions }
+}
+
+/// Whether a decided group ends the walk: it is enforced (not dry run)
+/// and some check in it was rejected.
+pub fn stops(group: &[Check<'_>], decided: &[Decision]) -> bool {
+    !group.first().is_some_and(|c| c.dry_run) && !decided.iter().all(Decision::admitted)
+}
+
 /// The decisions for the limits of a request, in the order checked: every
 /// check up to the end of the first enforced group that rejected (the
 /// checks after it were not decided and not charged).
@@ -169,6 +197,20 @@ impl Outcome {
     /// The index of the limit to report in headers; see [`most_restrictive`].
     pub fn most_restrictive(&self) -> Option<usize> {
         most_restrictive(self.decisions.iter())
+    }
+
+    /// The groups that were decided, each with the index of its first check:
+    /// `checks` must be the checks this outcome answers.
+    pub fn decided_groups<'o, 'c, 'a>(
+        &'o self,
+        checks: &'c [Check<'a>],
+    ) -> impl Iterator<Item = (usize, &'c [Check<'a>], &'o [Decision])> {
+        let mut start = 0;
+        groups(checks).map_while(move |group| {
+            let at = start;
+            start += group.len();
+            self.decisions.get(at..start).map(|d| (at, group, d))
+        })
     }
 }
 
@@ -213,13 +255,17 @@ pub fn most_restrictive<'a>(
 }
 
 /// A store failed to decide (Redis down, timeout). The failure mode
-/// (open / closed / local) is applied by the caller, in one place.
+/// (open / closed / local) is applied in one place, [`engine::Engine`];
+/// what it cannot absorb is `Closed`.
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
     #[error("rate-limit store unavailable: {0}")]
     Unavailable(String),
     #[error("rate-limit store did not answer within {0}ms")]
     Timeout(u64),
+    /// A `fail_closed` limit could not be checked: the request is refused.
+    #[error("rate limit '{limit}' cannot be checked ({cause}); retry in 1s")]
+    Closed { limit: Arc<str>, cause: String },
 }
 
 /// A place where limit state lives.

@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::{Config, ServerConfig};
+use crate::limiter::engine::Engine;
 use crate::pipeline::client_ip::ClientIp;
 use crate::pipeline::{ConnInfo, Pipeline};
 use conn::ConnState;
@@ -85,10 +86,10 @@ fn bind_socket(addr: SocketAddr) -> std::io::Result<TcpListener> {
 impl Server {
     /// Binds all listeners and the admin port.
     pub async fn bind(mut config: Config) -> Result<Server, BindError> {
-        let redis = crate::pipeline::limits::open_store(&config.store, &config.store_zones)
+        let engine = Engine::open(config.store.redis.as_ref(), &config.store_zones)
             .await
             .map_err(BindError::Store)?;
-        let pipeline = Arc::new(Pipeline::new(&mut config, redis));
+        let pipeline = Arc::new(Pipeline::new(&mut config, engine));
         let mut listeners = Vec::new();
         for l in &config.listeners {
             let listener = bind_socket(l.bind).map_err(|source| BindError::Listen {
@@ -134,6 +135,11 @@ impl Server {
                     .map(|a| (b.name.to_string(), a))
             })
             .collect()
+    }
+
+    /// The request path this server runs, for in-process inspection.
+    pub fn pipeline(&self) -> Arc<Pipeline> {
+        self.pipeline.clone()
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {

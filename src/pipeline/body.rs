@@ -23,7 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use super::response::RequestEnd;
+use super::record::RequestEnd;
 use super::upstream::pool::Pooled;
 
 /// A body's stall timer: how long it may make us wait between frames. It is

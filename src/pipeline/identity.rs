@@ -6,12 +6,63 @@
 //! the user is a hash of it. A request with no credential is anonymous; one
 //! whose credential does not verify is anonymous too, or refused with 401
 //! under `on_invalid: reject`.
+//!
+//! This stage runs after the zones: a client over its zone is refused
+//! before any signature is checked.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::header::{HeaderMap, COOKIE};
 use jsonwebtoken::{decode, decode_header, DecodingKey};
 use sha2::{Digest, Sha256};
 
 use crate::config::{IdentityConfig, JwtConfig, JwtKeys, OnInvalid, TokenSource};
+use crate::error::ProxyError;
+
+/// The identity stage: the configured credentials, if any.
+pub struct Identify {
+    config: Option<IdentityConfig>,
+    /// Tokens whose signature was checked, for tests and operators: a
+    /// flood refused by the zones must not move it.
+    verified: AtomicU64,
+}
+
+impl Identify {
+    pub fn new(config: Option<IdentityConfig>) -> Self {
+        Identify {
+            config,
+            verified: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the request carries a token to verify: a signature check
+    /// that costs real work and, under `on_invalid: reject`, may refuse it.
+    pub fn has_token(&self, headers: &HeaderMap) -> bool {
+        self.config
+            .as_ref()
+            .and_then(|c| c.jwt.as_ref())
+            .is_some_and(|jwt| token(&jwt.source, headers).is_some())
+    }
+
+    /// The request's identity; a 401 for an unverifiable credential under
+    /// `on_invalid: reject`.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ProxyError> {
+        let Some(config) = &self.config else {
+            return Ok(Identity::Anonymous);
+        };
+        if self.has_token(headers) {
+            self.verified.fetch_add(1, Ordering::Relaxed);
+        }
+        config
+            .identify(headers)
+            .map_err(|e| ProxyError::Unauthorized(e.0))
+    }
+
+    /// How many tokens this stage has verified (or tried to).
+    pub fn verifications(&self) -> u64 {
+        self.verified.load(Ordering::Relaxed)
+    }
+}
 
 /// Who the request is, as far as it could be verified.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,6 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
@@ -22,34 +21,7 @@ use ipnet::IpNet;
 use super::identity::{short_hash, Identity};
 use crate::config::ClientIpConfig;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyKind {
-    Ip,
-    User,
-    UserOrIp,
-    Header(HeaderName),
-    Global,
-}
-
-impl FromStr for KeyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "ip" => Ok(KeyKind::Ip),
-            "user" => Ok(KeyKind::User),
-            "user_or_ip" => Ok(KeyKind::UserOrIp),
-            "global" => Ok(KeyKind::Global),
-            _ => match s.strip_prefix("header:") {
-                Some(name) => HeaderName::from_bytes(name.trim().as_bytes())
-                    .map(KeyKind::Header)
-                    .map_err(|_| format!("\"{name}\" is not a valid header name")),
-                None => Err(format!(
-                    "expected ip, user, user_or_ip, header:<name> or global, got \"{s}\""
-                )),
-            },
-        }
-    }
-}
+pub use crate::config::KeyKind;
 
 /// The bucket a request falls in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

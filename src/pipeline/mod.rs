@@ -1,52 +1,62 @@
 //! The request path, one stage per module, called in order by
-//! [`Pipeline::handle`]:
+//! [`Pipeline::serve`]:
 //!
 //! ```text
-//! client_ip -> normalize + route -> identity -> bypass / webhook sources
-//!   -> zones + route limits (one store decision) -> upstream (forward)
+//! client_ip -> normalize + route -> bypass -> zones -> identity -> webhook
+//!   -> limits (route limits + zones keyed by user) -> proxy (upstream)
 //!   -> response
 //! ```
 //!
 //! Route matching precedes the zones because a route may list the zones it
 //! is subject to; a request that matches no route meets every zone before
-//! its 404. `handle` is the outer handler: it logs once and turns a
-//! `ProxyError` into a problem response; `serve` is the inner one and uses `?`.
+//! its 404. The zones count every request before any credential or webhook
+//! rule is looked at; their checks go to the store with the route limits
+//! (one call) unless something in between may refuse the request or check
+//! a signature, in which case they are decided first, on their own.
+//!
+//! `handle` is the outer handler: it renders a rejection or an error and
+//! logs once; `serve` is the inner one and uses `?`. What a request carries
+//! between stages is its [`ctx::Ctx`].
 
 pub mod body;
+pub mod bypass;
 pub mod client_ip;
+pub mod ctx;
+pub mod decide;
 pub mod forward;
 pub mod identity;
 pub mod key;
 pub mod limits;
 pub mod normalize;
+pub mod proxy;
+pub mod record;
 pub mod response;
 pub mod route;
 pub mod upstream;
 pub mod webhook;
+pub mod zones;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::HOST;
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
-use self::body::{ProxyBody, RequestBody};
-use self::client_ip::{ClientIp, Resolved};
-use self::forward::Forwarded;
-use self::identity::Identity;
-use self::key::KeySource;
-use self::limits::{Limiter, RouteOutcome};
-use self::response::{AccessRecord, RequestEnd};
+use self::body::ProxyBody;
+use self::client_ip::ClientIp;
+use self::ctx::{Ctx, Stop};
+use self::identity::Identify;
+use self::record::{AccessRecord, RequestEnd};
 use self::route::RouteMatch;
-use self::upstream::{Exchange, Upstream};
-use crate::config::{ClientIpConfig, Config, HostHeader, IdentityConfig, RouteAction, RouteConfig};
+use self::upstream::Upstream;
+use self::zones::Zones;
+use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConfig};
 use crate::error::ProxyError;
+use crate::limiter::engine::Engine;
 use crate::listener::conn::ConnState;
 
 /// Everything a request needs, shared by all connections.
@@ -60,12 +70,13 @@ pub struct Pipeline {
     access_log: bool,
     /// Trusted proxies, forwarding headers and key prefixes.
     client_ip: ClientIpConfig,
+    bypass: BypassConfig,
+    /// Tier 1, and the `max_conn` slots per key.
+    zones: Zones,
     /// Verifies JWTs / API keys when configured.
-    identity: Option<IdentityConfig>,
-    /// Zones, route-limit state and bypass rules.
-    limiter: Limiter,
-    /// `0..zones`: what a request that matches no route is subject to.
-    all_zones: Vec<usize>,
+    identity: Identify,
+    /// Where limit state lives, and what happens when it fails.
+    engine: Engine,
 }
 
 /// What the listener knows about a connection.
@@ -81,8 +92,9 @@ pub struct ConnInfo {
 }
 
 impl Pipeline {
-    /// Takes the routes out of `config`; the rest of it is only read.
-    pub fn new(config: &mut Config, redis: Option<crate::limiter::redis::RedisStore>) -> Self {
+    /// Takes the routes, zones and identity out of `config`; the rest of it
+    /// is only read.
+    pub fn new(config: &mut Config, engine: Engine) -> Self {
         Pipeline {
             routes: std::mem::take(&mut config.routes),
             upstreams: config
@@ -95,20 +107,16 @@ impl Pipeline {
             body_read_timeout: config.server.body_read_timeout,
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
-            identity: config.identity.take(),
-            all_zones: (0..config.zones.len()).collect(),
-            limiter: Limiter::new(
-                std::mem::take(&mut config.zones),
-                std::mem::take(&mut config.bypass),
-                &config.store_zones,
-                redis,
-            ),
+            bypass: std::mem::take(&mut config.bypass),
+            zones: Zones::new(std::mem::take(&mut config.zones)),
+            identity: Identify::new(config.identity.take()),
+            engine,
         }
     }
 
     /// The rate-limit store's state, for `/readyz`.
     pub fn store_report(&self) -> serde_json::Value {
-        match self.limiter.redis() {
+        match self.engine.redis() {
             None => serde_json::json!({ "kind": "memory", "up": true }),
             Some(r) => serde_json::json!({
                 "kind": "redis",
@@ -122,16 +130,21 @@ impl Pipeline {
         &self.client_ip
     }
 
-    /// The outer handler: never fails, logs errors once, and settles the
-    /// request (access log, in-flight count) when the response body ends.
+    /// How many tokens the identity stage has verified (or tried to).
+    pub fn token_verifications(&self) -> u64 {
+        self.identity.verifications()
+    }
+
+    /// The outer handler: never fails, renders a rejection or an error
+    /// (logged once), and settles the request (access log, in-flight
+    /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
         let started = Instant::now();
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
-        let client = &resolved.client;
         let record = self.access_log.then(|| {
             Box::new(AccessRecord {
                 listener: conn.listener.clone(),
-                client: client.ip,
+                client: resolved.client.ip,
                 method: req.method().clone(),
                 path: req.uri().path().to_owned(),
                 route: None,
@@ -144,122 +157,93 @@ impl Pipeline {
                 status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             })
         });
-        let mut end = RequestEnd::new(started, record, conn.state.clone());
-        let mut resp = match self.serve(req, conn, &resolved, &mut end).await {
+        let mut cx = Ctx::new(
+            resolved,
+            RequestEnd::new(started, record, conn.state.clone()),
+        );
+        let mut resp = match self.serve(req, conn, &mut cx).await {
             Ok(resp) => resp,
-            Err(err) => {
+            Err(Stop::Limited(rejection)) => {
+                tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
+                cx.end
+                    .set_rate_limit(|| format!("rejected:{}", rejection.limit));
+                response::rejected(&rejection, cx.route, &cx.applied)
+            }
+            Err(Stop::Failed(err)) => {
                 if err.is_client_error() {
-                    tracing::debug!(client = %client.ip, error = %err, "request refused");
+                    tracing::debug!(client = %cx.client.client.ip, error = %err, "request refused");
                 } else {
-                    tracing::warn!(client = %client.ip, error = %err, "request failed");
-                }
-                if let ProxyError::RateLimited { limit, .. } = &err {
-                    end.set_rate_limit(|| format!("rejected:{limit}"));
+                    tracing::warn!(client = %cx.client.client.ip, error = %err, "request failed");
                 }
                 response::problem(&err)
             }
         };
-        end.set_status(resp.status());
-        resp.body_mut().set_end(end);
+        cx.end.set_status(resp.status());
+        resp.body_mut().set_end(cx.end);
         resp
     }
 
-    async fn serve(
-        &self,
+    /// The inner handler: the stages in request order.
+    async fn serve<'p>(
+        &'p self,
         mut req: Request<Incoming>,
         conn: &ConnInfo,
-        client: &Resolved,
-        end: &mut RequestEnd,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+        cx: &mut Ctx<'p>,
+    ) -> Result<Response<ProxyBody>, Stop> {
         self.check_headers(req.headers())?;
-        // One spelling per path before anything matches or counts on it;
-        // the normalised path is also what the upstream receives.
-        if let Cow::Owned(path) =
-            normalize::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
-        {
-            *req.uri_mut() = with_path(req.uri(), &path)?;
+        normalize_path(&mut req)?;
+        let found = route::find(
+            &self.routes,
+            request_host(&req)?,
+            req.uri().path(),
+            req.method(),
+        );
+        if let RouteMatch::Found(r) = found {
+            cx.route = Some(r);
+            cx.end.set_route(&r.name);
         }
-        let host = request_host(&req)?;
-        let found = route::find(&self.routes, host, req.uri().path(), req.method());
-        let route = match &found {
-            RouteMatch::Found(r) => Some(*r),
-            _ => None,
-        };
-        let identity = match &self.identity {
-            Some(id) => id
-                .identify(req.headers())
-                .map_err(|e| ProxyError::Unauthorized(e.0))?,
-            None => Identity::Anonymous,
-        };
-        if let Identity::User(user) = &identity {
-            end.set_user(user);
+        let (path, headers, ip) = (req.uri().path(), req.headers(), cx.client.client.ip);
+        cx.bypass = bypass::check(&self.bypass, cx.route, path, headers, ip);
+        if cx.bypass.is_some() {
+            cx.end.set_rate_limit(|| "bypass".to_owned());
         }
-        let ip = client.client.ip;
-        let webhook = route.and_then(|r| r.webhook.as_ref());
-        let allowed_source = webhook.is_some_and(|w| w.allows(ip));
-        if webhook.is_some_and(|w| w.only_allowed) && !allowed_source {
-            return Err(ProxyError::Forbidden(
-                "this route only accepts requests from its allowed sources",
-            ));
+        // Decide the zones on their own when a later stage may refuse the
+        // request or check a signature; else with the route limits.
+        let early = self.identity.has_token(headers) || webhook::refuses(cx.route, ip);
+        self.zones
+            .count(&self.engine, cx, headers, &self.client_ip, early)
+            .await?;
+        cx.identity = self.identity.identify(headers)?;
+        if let identity::Identity::User(user) = &cx.identity {
+            cx.end.set_user(user);
         }
-        let exempt = allowed_source || self.limiter.bypassed(req.uri().path(), req.headers(), ip);
-        if exempt {
-            end.set_rate_limit(|| "bypass".to_owned());
-        }
-        let src = KeySource {
-            client: ip,
-            identity: &identity,
-            headers: req.headers(),
-        };
-        // Both tiers in one decision. A request that matches no route
-        // still meets every zone.
-        let outcome = if exempt {
-            RouteOutcome::default()
-        } else {
-            let zones = route.map_or(self.all_zones.as_slice(), |r| r.zones.as_slice());
-            self.limiter
-                .limit(zones, route, &src, &self.client_ip, &mut end.slots)
-                .await?
-        };
+        webhook::check_source(cx.route, ip)?;
+        limits::decide(&self.engine, &self.zones, cx, headers, &self.client_ip).await?;
         let route = match found {
             RouteMatch::Found(r) => r,
-            RouteMatch::MethodNotAllowed(allow) => {
-                return Err(ProxyError::MethodNotAllowed {
-                    method: req.method().to_string(),
-                    path: req.uri().path().to_owned(),
-                    allow,
-                })
-            }
-            RouteMatch::NotFound => {
-                return Err(ProxyError::NoRoute {
-                    method: req.method().to_string(),
-                    path: req.uri().path().to_owned(),
-                })
-            }
+            RouteMatch::MethodNotAllowed(allow) => Err(ProxyError::MethodNotAllowed {
+                method: req.method().to_string(),
+                path: req.uri().path().to_owned(),
+                allow,
+            })?,
+            RouteMatch::NotFound => Err(ProxyError::NoRoute {
+                method: req.method().to_string(),
+                path: req.uri().path().to_owned(),
+            })?,
         };
-        end.set_route(&route.name);
-        let mut resp = match &route.action {
+        let resp = match &route.action {
             RouteAction::Respond(r) => response::respond(r, req.method()),
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
-                end.set_upstream(&upstream.name);
-                self.forward(req, conn, client, upstream, route, end)
-                    .await?
+                cx.end.set_upstream(&upstream.name);
+                proxy::forward(cx, req, conn, upstream, route, self.body_read_timeout).await?
             }
         };
-        if !outcome.deferred.is_empty() {
-            self.limiter
-                .charge_outcome(route, &outcome.deferred, resp.status().as_u16())
-                .await;
+        if !cx.deferred.is_empty() {
+            let status = resp.status().as_u16();
+            decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
         }
-        limits::add_headers(
-            resp.headers_mut(),
-            route.headers,
-            route.warn_at,
-            &outcome.applied,
-            false,
-        );
-        Ok(resp)
+        Ok(response::limit_headers(resp, cx.route, &cx.applied))
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
@@ -281,129 +265,17 @@ impl Pipeline {
         }
         Ok(())
     }
+}
 
-    async fn forward(
-        &self,
-        mut req: Request<Incoming>,
-        conn: &ConnInfo,
-        client: &Resolved,
-        upstream: &Upstream,
-        route: &RouteConfig,
-        end: &mut RequestEnd,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let max_body = route.max_body_bytes;
-        let verify = route.webhook.as_ref().and_then(|w| w.verify.as_ref());
-        if let Some(len) = content_length(req.headers()) {
-            if len > max_body {
-                return Err(ProxyError::BodyTooLarge { limit: max_body });
-            }
-        }
-        let upgrade = match req.version() {
-            Version::HTTP_11 => forward::requested_upgrade(req.headers()),
-            _ => None,
-        };
-        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
-
-        let (mut parts, body) = req.into_parts();
-        let host = parts.headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        let proto = if conn.tls { "https" } else { "http" };
-        let chain = client_ip::forwarded_for(&parts.headers, &conn.client, client.peer_trusted);
-        forward::request_headers(
-            &mut parts.headers,
-            upgrade,
-            Forwarded {
-                client: &client.client.header,
-                chain,
-                trusted: client.peer_trusted,
-                proto,
-                host: host.clone(),
-            },
-        );
-        let host = match (&upstream.host_header, host) {
-            (HostHeader::Preserve, Some(h)) => h,
-            (HostHeader::Fixed(v), _) => v.clone(),
-            (HostHeader::Target | HostHeader::Preserve, _) => upstream.target_host_value(),
-        };
-        parts.headers.insert(HOST, host);
-        if parts.uri.authority().is_some() {
-            // HTTP/2 and absolute-form requests; HTTP/1.1 ones already are
-            // origin-form.
-            parts.uri = origin_form(&parts.uri);
-        }
-        parts.version = Version::HTTP_11;
-        let body = match verify {
-            None => RequestBody::new(body, max_body, self.body_read_timeout),
-            Some(v) => {
-                // Signed bodies are read whole (within the size limit) and
-                // checked before a byte goes upstream.
-                let data = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
-                    body,
-                    max_body as usize,
-                ))
-                .await
-                {
-                    Ok(c) => c.to_bytes(),
-                    Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                        return Err(ProxyError::BodyTooLarge { limit: max_body })
-                    }
-                    Err(_) => return Err(ProxyError::BadRequest("the request body was cut off")),
-                };
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                webhook::verify(v, &parts.headers, &data, now)?;
-                RequestBody::buffered(data)
-            }
-        };
-        let req = Request::from_parts(parts, body);
-
-        let mut target = None;
-        let sent = upstream.send(req, &mut target).await;
-        end.set_target(target);
-        let Exchange {
-            mut response,
-            conn: pooled,
-        } = sent?;
-
-        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if switching {
-            let Some(client_upgrade) = client_upgrade else {
-                return Err(ProxyError::UpstreamFailed {
-                    upstream: upstream.name.to_string(),
-                    reason: "answered 101 to a request that asked for no upgrade".into(),
-                });
-            };
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(async move {
-                // Keeps the upstream connection's sender alive until the
-                // upgrade has been handed over.
-                let _sender = pooled;
-                match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                    Ok((down, up)) => {
-                        let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
-                        if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
-                            tracing::debug!(error = %e, "upgraded tunnel closed with an error");
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
-                }
-            });
-            forward::response_headers(response.headers_mut(), true);
-            let (parts, _) = response.into_parts();
-            return Ok(Response::from_parts(parts, ProxyBody::empty()));
-        }
-        forward::response_headers(response.headers_mut(), false);
-        let (parts, incoming) = response.into_parts();
-        Ok(Response::from_parts(
-            parts,
-            ProxyBody::upstream(incoming, upstream.timeout, Some(pooled)),
-        ))
+/// One spelling per path before anything matches or counts on it; the
+/// normalised path is also what the upstream receives.
+fn normalize_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
+    if let Cow::Owned(path) =
+        normalize::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
+    {
+        *req.uri_mut() = with_path(req.uri(), &path)?;
     }
+    Ok(())
 }
 
 /// The host the request is for: the URI authority (HTTP/2, absolute-form)
@@ -426,10 +298,6 @@ fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, ProxyError> {
     }
 }
 
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
-}
-
 /// `uri` with its path replaced by `path` (the query is kept).
 fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
     let pq = match uri.query() {
@@ -442,13 +310,4 @@ fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
             .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
     );
     Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
-}
-
-/// `/path?query` for the upstream request line.
-fn origin_form(uri: &Uri) -> Uri {
-    let pq = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    Uri::from(pq)
 }

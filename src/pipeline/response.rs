@@ -1,61 +1,108 @@
-//! The last stage: responses tollgate writes itself (RFC 9457 problem
-//! bodies, `respond` routes) and the end-of-request bookkeeping carried in
-//! the response body: one access-log event and the connection's in-flight
-//! count, both settled when the body is finished or dropped.
+//! The last stage: every response tollgate writes itself, and the
+//! rate-limit headers of every response on a limited route.
+//!
+//! - [`problem`]: the RFC 9457 body for an error (status from the one
+//!   error -> status table in `error.rs`);
+//! - [`rejected`]: a rate-limit rejection, a value the limiting stages
+//!   hand on: 429 (or a zone's status), `Retry-After`, a problem body that
+//!   names the limit, and for a route limit the route's headers;
+//! - [`limit_headers`]: `X-RateLimit-*`, the IETF `RateLimit` /
+//!   `RateLimit-Policy` fields and `X-RateLimit-Warning`, from the route
+//!   limits' decisions, on allowed and rejected requests alike;
+//! - [`respond`]: a `respond` route's canned answer.
 
-use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Instant;
-
-use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, WWW_AUTHENTICATE};
-use http::{Method, Response, StatusCode};
+use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::body::ProxyBody;
-use crate::config::Respond;
+use super::ctx::{Applied, Rejection};
+use super::decide::secs;
+use crate::config::{HeaderStyle, Respond, RouteConfig};
 use crate::error::ProxyError;
-use crate::listener::conn::ConnState;
+use crate::limiter::{most_restrictive, LimiterError};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_WARNING: HeaderName = HeaderName::from_static("x-ratelimit-warning");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
-/// Builds the RFC 9457 body for an error tollgate answers itself.
-pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
-    let status = err.status();
+/// A problem body: `type`, `title`, `status`, `detail`, plus `limit` and
+/// `retry_after` when a limit is the cause.
+fn problem_body(
+    status: StatusCode,
+    detail: String,
+    limit: Option<(&str, u64)>,
+) -> Response<ProxyBody> {
     let mut body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
-        "detail": err.to_string(),
+        "detail": detail,
     });
-    if let ProxyError::RateLimited {
-        limit, retry_after, ..
-    } = err
-    {
-        body["limit"] = serde_json::Value::from(limit.as_str());
-        body["retry_after"] = serde_json::Value::from(*retry_after);
+    if let Some((name, retry_after)) = limit {
+        body["limit"] = serde_json::Value::from(name);
+        body["retry_after"] = serde_json::Value::from(retry_after);
     }
     let mut resp = Response::new(ProxyBody::full(body.to_string()));
     *resp.status_mut() = status;
-    if let ProxyError::RateLimited {
-        headers,
-        retry_after,
-        ..
-    } = err
-    {
-        resp.headers_mut().extend((**headers).clone());
-        resp.headers_mut()
-            .insert(http::header::RETRY_AFTER, HeaderValue::from(*retry_after));
-    }
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-    if let ProxyError::Unauthorized(_) = err {
-        resp.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer error=\"invalid_token\""),
-        );
+    if let Some((_, retry_after)) = limit {
+        resp.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after));
     }
-    if let ProxyError::MethodNotAllowed { allow, .. } = err {
-        if let Ok(v) = HeaderValue::from_str(allow) {
-            resp.headers_mut().insert(ALLOW, v);
+    resp
+}
+
+/// The response for an error tollgate answers itself.
+pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
+    let limit = match err {
+        // A fail_closed limit that could not be checked: retry soon.
+        ProxyError::LimitUnavailable(LimiterError::Closed { limit, .. }) => Some((&**limit, 1)),
+        _ => None,
+    };
+    let mut resp = problem_body(err.status(), err.to_string(), limit);
+    match err {
+        ProxyError::Unauthorized(_) => {
+            resp.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
         }
+        ProxyError::MethodNotAllowed { allow, .. } => {
+            if let Ok(v) = HeaderValue::from_str(allow) {
+                resp.headers_mut().insert(ALLOW, v);
+            }
+        }
+        _ => {}
+    }
+    resp
+}
+
+/// The response for a rate-limit rejection. A route limit's carries the
+/// route's rate-limit headers for the decisions made so far.
+pub fn rejected(
+    r: &Rejection,
+    route: Option<&RouteConfig>,
+    applied: &[Applied],
+) -> Response<ProxyBody> {
+    let mut resp = problem_body(r.status, r.detail.clone(), Some((&r.limit, r.retry_after)));
+    if let (true, Some(route)) = (r.route_limit, route) {
+        add_headers(resp.headers_mut(), route.headers, route.warn_at, applied);
+    }
+    resp
+}
+
+/// Adds the route's rate-limit headers to a response it allowed.
+pub fn limit_headers(
+    mut resp: Response<ProxyBody>,
+    route: Option<&RouteConfig>,
+    applied: &[Applied],
+) -> Response<ProxyBody> {
+    if let Some(route) = route {
+        add_headers(resp.headers_mut(), route.headers, route.warn_at, applied);
     }
     resp
 }
@@ -73,114 +120,68 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
     resp
 }
 
-/// What the access log line needs, filled in as the request moves along.
-pub struct AccessRecord {
-    pub listener: Arc<str>,
-    pub client: IpAddr,
-    pub method: Method,
-    pub path: String,
-    pub route: Option<Arc<str>>,
-    /// The verified user (a JWT claim, or an API key hash), if any.
-    pub user: Option<String>,
-    /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
-    pub rate_limit: Option<String>,
-    pub upstream: Option<Arc<str>>,
-    pub target: Option<Arc<str>>,
-    pub status: StatusCode,
-}
-
-/// Settles a request when its response body is finished or dropped.
-pub struct RequestEnd {
-    started: Instant,
-    /// `None` when the access log is off: nothing is allocated for it.
-    record: Option<Box<AccessRecord>>,
-    bytes: u64,
-    aborted: bool,
-    /// Lets the connection's idle watchdog know a request is running.
-    conn: Arc<ConnState>,
-    /// Per-key concurrency slots (`max_conn`), released with the request.
-    pub slots: Vec<crate::pipeline::limits::ConnSlot>,
-}
-
-impl RequestEnd {
-    pub fn new(started: Instant, record: Option<Box<AccessRecord>>, conn: Arc<ConnState>) -> Self {
-        conn.request_started();
-        RequestEnd {
-            started,
-            record,
-            bytes: 0,
-            aborted: false,
-            conn,
-            slots: Vec::new(),
+/// The rate-limit headers for `applied`: the most restrictive limit in the
+/// legacy fields, every limit in the IETF ones, a warning per limit past
+/// `warn_at`.
+fn add_headers(headers: &mut HeaderMap, style: HeaderStyle, warn_at: f64, applied: &[Applied]) {
+    use std::fmt::Write;
+    let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
+        return;
+    };
+    let w = &applied[worst];
+    let num = |n: u64| HeaderValue::from(n);
+    if style.legacy {
+        headers.insert(X_LIMIT, num(w.decision.limit));
+        headers.insert(X_REMAINING, num(w.decision.remaining));
+        let reset = secs(w.decision.reset_ms.max(1));
+        let reset = if style.reset_epoch {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+                + reset
+        } else {
+            reset
+        };
+        headers.insert(X_RESET, num(reset));
+    }
+    if style.ietf {
+        let mut policy = String::with_capacity(40 * applied.len());
+        let mut state = String::with_capacity(40 * applied.len());
+        for (i, a) in applied.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let d = &a.decision;
+            let t = if d.admitted() {
+                d.reset_ms.div_ceil(1000)
+            } else {
+                secs(d.retry_after_ms)
+            };
+            let _ = write!(
+                policy,
+                "{sep}\"{}\";q={};w={}",
+                a.name,
+                d.limit,
+                secs(d.window_ms)
+            );
+            let _ = write!(state, "{sep}\"{}\";r={};t={t}", a.name, d.remaining);
+        }
+        if let (Ok(p), Ok(s)) = (
+            HeaderValue::from_str(&policy),
+            HeaderValue::from_str(&state),
+        ) {
+            headers.insert(RATELIMIT_POLICY, p);
+            headers.insert(RATELIMIT, s);
         }
     }
-
-    pub fn set_status(&mut self, status: StatusCode) {
-        if let Some(r) = self.record.as_mut() {
-            r.status = status;
+    if style.legacy || style.ietf {
+        for a in applied {
+            let d = &a.decision;
+            let used = d.limit.saturating_sub(d.remaining);
+            if d.limit > 0 && used as f64 >= warn_at * d.limit as f64 {
+                let text = format!("\"{}\": {used} of {} used", a.name, d.limit);
+                if let Ok(v) = HeaderValue::from_str(&text) {
+                    headers.append(X_WARNING, v);
+                }
+            }
         }
-    }
-
-    pub fn set_route(&mut self, name: &Arc<str>) {
-        if let Some(r) = self.record.as_mut() {
-            r.route = Some(name.clone());
-        }
-    }
-
-    pub fn set_rate_limit(&mut self, what: impl FnOnce() -> String) {
-        if let Some(r) = self.record.as_mut() {
-            r.rate_limit = Some(what());
-        }
-    }
-
-    pub fn set_user(&mut self, user: &str) {
-        if let Some(r) = self.record.as_mut() {
-            r.user = Some(user.to_owned());
-        }
-    }
-
-    pub fn set_upstream(&mut self, name: &Arc<str>) {
-        if let Some(r) = self.record.as_mut() {
-            r.upstream = Some(name.clone());
-        }
-    }
-
-    pub fn set_target(&mut self, target: Option<Arc<str>>) {
-        if let Some(r) = self.record.as_mut() {
-            r.target = target;
-        }
-    }
-
-    pub fn add_bytes(&mut self, n: u64) {
-        self.bytes += n;
-    }
-
-    pub fn mark_aborted(&mut self) {
-        self.aborted = true;
-    }
-}
-
-impl Drop for RequestEnd {
-    fn drop(&mut self) {
-        self.conn.request_finished();
-        let Some(r) = self.record.take() else { return };
-        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        tracing::info!(
-            target: "tollgate::access",
-            listener = %r.listener,
-            client = %r.client,
-            method = %r.method,
-            path = %r.path,
-            status = r.status.as_u16(),
-            route = r.route.as_deref().unwrap_or("-"),
-            user = r.user.as_deref().unwrap_or("-"),
-            rate_limit = r.rate_limit.as_deref().unwrap_or("-"),
-            upstream = r.upstream.as_deref().unwrap_or("-"),
-            upstream_target = r.target.as_deref().unwrap_or("-"),
-            duration_ms = (ms * 1000.0).round() / 1000.0,
-            bytes = self.bytes,
-            aborted = self.aborted,
-            "request"
-        );
     }
 }

@@ -1,5 +1,10 @@
 //! Webhook routes: source allowlists and signature checks.
 //!
+//! The stage runs after the zones and the identity: `only_allowed_sources`
+//! refuses everyone else with 403 (counted by the zones like any request).
+//! Signatures are checked as the body is read, on the way upstream, after
+//! the route limits (so a forged signature is counted by those too).
+//!
 //! `allow_sources` is decided on the resolved client, which is the socket
 //! peer unless the peer is a trusted proxy: a spoofed `X-Forwarded-For`
 //! naming GitHub's range gets nothing. Signatures are the real security
@@ -10,13 +15,33 @@ use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use sha2::Sha256;
 
-use crate::config::{VerifyConfig, VerifyScheme, WebhookConfig};
+use crate::config::{RouteConfig, VerifyConfig, VerifyScheme, WebhookConfig};
 use crate::error::ProxyError;
 
 impl WebhookConfig {
     pub fn allows(&self, client: std::net::IpAddr) -> bool {
         self.allow_sources.iter().any(|net| net.contains(&client))
     }
+}
+
+/// Whether `route` refuses `client` (`only_allowed_sources`, not one of them).
+pub fn refuses(route: Option<&RouteConfig>, client: std::net::IpAddr) -> bool {
+    route
+        .and_then(|r| r.webhook.as_ref())
+        .is_some_and(|w| w.only_allowed && !w.allows(client))
+}
+
+/// The stage: 403 for a source a webhook route does not accept.
+pub fn check_source(
+    route: Option<&RouteConfig>,
+    client: std::net::IpAddr,
+) -> Result<(), ProxyError> {
+    if refuses(route, client) {
+        return Err(ProxyError::Forbidden(
+            "this route only accepts requests from its allowed sources",
+        ));
+    }
+    Ok(())
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {

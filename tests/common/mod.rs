@@ -197,7 +197,7 @@ impl Upstream {
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         hits.fetch_add(1, Ordering::SeqCst);
-                        upstream_answer(req)
+                        upstream_answer(req, addr)
                     });
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -242,7 +242,10 @@ fn query(req: &Request<Incoming>, key: &str) -> Option<u64> {
     })
 }
 
-async fn upstream_answer(mut req: Request<Incoming>) -> Result<Response<ClientBody>, Infallible> {
+async fn upstream_answer(
+    mut req: Request<Incoming>,
+    server: SocketAddr,
+) -> Result<Response<ClientBody>, Infallible> {
     let path = req.uri().path().to_owned();
     let resp = |status: u16, body: ClientBody| {
         let mut r = Response::new(body);
@@ -286,7 +289,7 @@ async fn upstream_answer(mut req: Request<Incoming>) -> Result<Response<ClientBo
             r
         }
         "/ws" => websocket(&mut req),
-        _ => echo(req).await,
+        _ => echo(req, server).await,
     })
 }
 
@@ -330,8 +333,9 @@ fn websocket(req: &mut Request<Incoming>) -> Response<ClientBody> {
     r
 }
 
-/// Echoes method, path, headers and a streaming hash of the body.
-async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
+/// Echoes method, path, headers and a streaming hash of the body, and
+/// which upstream (`server`) answered.
+async fn echo(req: Request<Incoming>, server: SocketAddr) -> Response<ClientBody> {
     let (parts, mut body) = req.into_parts();
     let mut hasher = Sha256::new();
     let mut len = 0u64;
@@ -367,6 +371,7 @@ async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
         "body_len": len,
         "body_sha256": hex(&hasher.finalize()),
         "body": String::from_utf8_lossy(&text),
+        "server": server.to_string(),
     });
     let mut r = Response::new(full(json.to_string()));
     r.headers_mut()
@@ -381,6 +386,8 @@ async fn echo(req: Request<Incoming>) -> Response<ClientBody> {
 pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
     pub admin: Option<SocketAddr>,
+    /// The running request path (counters a test may read).
+    pub pipeline: Arc<tollgate::pipeline::Pipeline>,
     stop: Option<oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<()>>,
 }
@@ -392,6 +399,7 @@ impl TestProxy {
         let server = tollgate::Server::bind(config).await.expect("bind");
         let addrs = server.addrs();
         let admin = server.admin_addr();
+        let pipeline = server.pipeline();
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
@@ -399,6 +407,7 @@ impl TestProxy {
         TestProxy {
             addrs,
             admin,
+            pipeline,
             stop: Some(stop),
             done: Some(done),
         }

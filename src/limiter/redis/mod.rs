@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use redis::Script;
 
 use super::memory::ZoneSpec;
-use super::{groups, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
+use super::{groups, stops, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
 use batch::{Batcher, Job};
 use cache::RejectCache;
 use conn::{Link, Target};
@@ -333,7 +333,7 @@ impl RedisStore {
                     ));
                     break;
                 }
-                if !admitted && !group[0].dry_run {
+                if stops(group, &decisions[decisions.len() - group.len()..]) {
                     break;
                 }
                 start = end;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::HeaderValue;
+use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -108,21 +108,17 @@ impl Upstream {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The `Host` header value for `host_header: target`, for the target
-    /// this request will most likely use.
-    pub fn target_host_value(&self) -> HeaderValue {
-        let i = self.next.load(Ordering::Relaxed) % self.targets.len();
-        self.targets[i].host_value.clone()
-    }
-
     /// Sends `req` and waits for the response head. `chosen` records the
-    /// target used, for the access log, even when sending fails.
+    /// target used, for the access log, even when sending fails. A request
+    /// without `Host` gets the `host:port` of the target it is sent to, on
+    /// every attempt (`host_header: target`).
     pub async fn send(
         &self,
         mut req: Request<RequestBody>,
         chosen: &mut Option<Arc<str>>,
     ) -> Result<Exchange, ProxyError> {
         let replayable = is_idempotent(req.method()) && http_body::Body::is_end_stream(req.body());
+        let target_host = !req.headers().contains_key(HOST);
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
@@ -172,6 +168,9 @@ impl Upstream {
                         Some(age) if replayable && age >= RACE_FREE_IDLE => Some(clone_head(&req)),
                         _ => None,
                     };
+                    if target_host {
+                        req.headers_mut().insert(HOST, target.host_value.clone());
+                    }
                     let mut conn = Pooled::new(sender, target.pool.clone());
                     let sent =
                         tokio::time::timeout(self.timeout, conn.sender.try_send_request(req)).await;

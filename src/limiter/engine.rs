@@ -1,0 +1,148 @@
+//! The store the proxy asks: the memory store, or Redis with the memory
+//! store beside it for the `local` failure mode. When Redis fails or times
+//! out, each limit follows its `on_error` here and nowhere else:
+//!
+//! - `fail_closed`: the request is refused ([`LimiterError::Closed`], a 503);
+//! - `fail_open`: the limit admits, reporting its full quota;
+//! - `local`: this process's memory store decides, with the limit divided by
+//!   `store.replicas` so N replicas together stay near it.
+//!
+//! Groups keep their meaning in every mode (see [`Store::decide`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::memory::{MemoryStore, ZoneSpec};
+use super::redis::{RedisOptions, RedisStore};
+use super::{
+    decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
+};
+
+pub struct Engine {
+    /// The store when no Redis is configured; the `local` fallback otherwise.
+    memory: MemoryStore,
+    redis: Option<RedisStore>,
+    /// Requests decided without Redis since the last warning, and the
+    /// second that warning was logged in: at most one warning a second.
+    degraded: (AtomicU64, AtomicU64),
+}
+
+impl Engine {
+    /// A memory store with one partition per zone spec, and `redis` when
+    /// limits are shared.
+    pub fn new(zones: &[ZoneSpec], redis: Option<RedisStore>) -> Self {
+        Engine {
+            memory: MemoryStore::new(zones),
+            redis,
+            degraded: (AtomicU64::new(0), AtomicU64::new(0)),
+        }
+    }
+
+    /// Connects Redis when `redis` is set. An unreachable Redis is logged,
+    /// not fatal: limits follow `on_error` until it answers.
+    pub async fn open(redis: Option<&RedisOptions>, zones: &[ZoneSpec]) -> Result<Self, String> {
+        let Some(options) = redis else {
+            return Ok(Engine::new(zones, None));
+        };
+        let (store, warning) = RedisStore::connect(options, zones).await?;
+        match warning {
+            Some(why) => tracing::warn!(
+                error = %why,
+                "rate-limit store: Redis is not reachable yet; limits follow on_error until it is"
+            ),
+            None => tracing::info!(store = ?options, "rate-limit store: connected"),
+        }
+        Ok(Engine::new(zones, Some(store)))
+    }
+
+    /// The Redis store, when limits are shared through Redis.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        self.redis.as_ref()
+    }
+
+    pub fn memory(&self) -> &MemoryStore {
+        &self.memory
+    }
+
+    /// The decision without Redis, limit by limit as `on_error` says.
+    fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, LimiterError> {
+        let now = self.memory.now_ms();
+        self.warn_degraded(now, err);
+        if let Some(c) = checks
+            .iter()
+            .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
+        {
+            return Err(LimiterError::Closed {
+                limit: c.limit.name.clone(),
+                cause: err.to_string(),
+            });
+        }
+        let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
+        Ok(decide_in_groups(checks, |group, decisions| {
+            let scaled: Vec<Limit> = group
+                .iter()
+                .filter(|c| local(c))
+                .map(|c| Limit {
+                    algorithm: c.limit.local.clone(),
+                    ..c.limit.clone()
+                })
+                .collect();
+            let local_checks: Vec<Check<'_>> = group
+                .iter()
+                .filter(|c| local(c))
+                .zip(&scaled)
+                .map(|(c, limit)| Check { limit, ..*c })
+                .collect();
+            let mut decided = self
+                .memory
+                .decide_at(&local_checks, now)
+                .decisions
+                .into_iter();
+            for c in group {
+                if local(c) {
+                    decisions.extend(decided.next());
+                } else {
+                    decisions.push(open_decision(c));
+                }
+            }
+        }))
+    }
+
+    fn warn_degraded(&self, now_ms: u64, err: &LimiterError) {
+        let (count, last) = &self.degraded;
+        count.fetch_add(1, Ordering::Relaxed);
+        let second = now_ms / 1000;
+        if last.load(Ordering::Relaxed) < second && last.swap(second, Ordering::Relaxed) < second {
+            let n = count.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                error = %err,
+                requests = n,
+                "rate-limit store failed; these requests were decided by on_error (fail_open admits, fail_closed refuses with 503, local asks this process's memory)"
+            );
+        }
+    }
+}
+
+/// `fail_open`: admitted, with the whole quota left but this request.
+fn open_decision(c: &Check<'_>) -> Decision {
+    let (limit, window_ms) = c.limit.algorithm.policy();
+    Decision {
+        verdict: Verdict::Allow,
+        limit,
+        remaining: limit.saturating_sub(c.cost),
+        reset_ms: 0,
+        retry_after_ms: 0,
+        window_ms,
+    }
+}
+
+impl Store for Engine {
+    async fn decide<'a>(&'a self, checks: &'a [Check<'a>]) -> Result<Outcome, LimiterError> {
+        let Some(redis) = &self.redis else {
+            return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
+        };
+        match redis.decide(checks).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => self.fallback(checks, &e),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The bypass stage: requests that skip every limit (they are still
+//! proxied and logged): a bypass path such as `/health`, a bypass token
+//! (compared as SHA-256 digests, in constant time), a bypass source CIDR,
+//! or a webhook route's `allow_sources`. Decided on the resolved client, so
+//! a spoofed forwarding header from an untrusted peer bypasses nothing.
+
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::config::{BypassConfig, RouteConfig};
+
+/// Why a request skips the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bypass {
+    Path,
+    Token,
+    Source,
+    WebhookSource,
+}
+
+impl Bypass {
+    /// For logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bypass::Path => "path",
+            Bypass::Token => "token",
+            Bypass::Source => "source",
+            Bypass::WebhookSource => "webhook_source",
+        }
+    }
+}
+
+/// Whether (and why) a request to `route` skips every limit.
+pub fn check(
+    cfg: &BypassConfig,
+    route: Option<&RouteConfig>,
+    path: &str,
+    headers: &HeaderMap,
+    client: IpAddr,
+) -> Option<Bypass> {
+    if cfg.paths.iter().any(|p| p == path) {
+        return Some(Bypass::Path);
+    }
+    if let Some(v) = cfg.header.as_ref().and_then(|name| headers.get(name)) {
+        let digest: [u8; 32] = Sha256::digest(v.as_bytes()).into();
+        // Every configured token is compared: the time taken does not say
+        // which one (or whether one) matched.
+        if cfg
+            .token_hashes
+            .iter()
+            .fold(false, |hit, h| hit | ct_eq(h, &digest))
+        {
+            return Some(Bypass::Token);
+        }
+    }
+    if cfg.sources.iter().any(|net| net.contains(&client)) {
+        return Some(Bypass::Source);
+    }
+    route
+        .and_then(|r| r.webhook.as_ref())
+        .filter(|w| w.allows(client))
+        .map(|_| Bypass::WebhookSource)
+}
+
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,98 @@
+//! What one request carries from stage to stage (pingora's `CTX` idea):
+//! each stage reads what the earlier ones found and adds its own, instead
+//! of out-parameters threaded through every call. Also the two ways a stage
+//! ends a request early ([`Stop`]): a rate-limit rejection, which is a
+//! value the response stage renders, and an error, which goes through the
+//! one error -> status table.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+
+use super::bypass::Bypass;
+use super::client_ip::Resolved;
+use super::decide::Batch;
+use super::identity::Identity;
+use super::record::RequestEnd;
+use crate::config::RouteConfig;
+use crate::error::ProxyError;
+use crate::limiter::Decision;
+
+pub struct Ctx<'p> {
+    /// The real client, resolved from trusted proxies only.
+    pub client: Resolved,
+    /// The matched route; `None` for a 404/405 (which still meets every zone).
+    pub route: Option<&'p RouteConfig>,
+    /// Why the request skips every limit, if it does.
+    pub bypass: Option<Bypass>,
+    /// The verified user, once the identity stage has run.
+    pub identity: Identity,
+    /// Zone checks counted but not yet decided: they go to the store with
+    /// the route limits, so most requests cost one store call.
+    pub pending: Batch,
+    /// Route-limit decisions, for the response's rate-limit headers.
+    pub applied: Vec<Applied>,
+    /// Route limits (index, key) charged once the response status is known
+    /// (`count: { status: [...] }`).
+    pub deferred: Vec<(usize, String)>,
+    /// The access record and the held `max_conn` slots, settled when the
+    /// response body ends.
+    pub end: RequestEnd,
+}
+
+impl<'p> Ctx<'p> {
+    pub fn new(client: Resolved, end: RequestEnd) -> Self {
+        Ctx {
+            client,
+            route: None,
+            bypass: None,
+            identity: Identity::Anonymous,
+            pending: Batch::default(),
+            applied: Vec::new(),
+            deferred: Vec::new(),
+            end,
+        }
+    }
+}
+
+/// One decided route limit, for the headers.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub name: Arc<str>,
+    pub decision: Decision,
+}
+
+/// A limit refused the request. Rendered by `response::rejected` as a
+/// problem body with `Retry-After` (and the route's rate-limit headers
+/// when a route limit refused).
+#[derive(Debug)]
+pub struct Rejection {
+    pub limit: Arc<str>,
+    /// "rate limit 'login' exceeded: 5 requests per 60s; retry in 42s"
+    pub detail: String,
+    /// Whole seconds, at least 1.
+    pub retry_after: u64,
+    /// 429, or a zone's configured status (503 to mimic nginx).
+    pub status: StatusCode,
+    /// A route limit refused: the response carries the route's headers.
+    pub route_limit: bool,
+}
+
+/// Why a request did not go on to the next stage.
+#[derive(Debug)]
+pub enum Stop {
+    Limited(Box<Rejection>),
+    Failed(ProxyError),
+}
+
+impl From<ProxyError> for Stop {
+    fn from(e: ProxyError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+impl From<Rejection> for Stop {
+    fn from(r: Rejection) -> Self {
+        Stop::Limited(Box::new(r))
+    }
+}

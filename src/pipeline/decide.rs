@@ -1,0 +1,236 @@
+//! The store call both limiting stages make (zones, then route limits): a
+//! batch of checks, each remembering which zone or route limit it came
+//! from, decided in one `Store::decide`. The outcome becomes the decisions
+//! the response reports, a zone delay slept here, or a [`Rejection`] that
+//! the response stage renders.
+//!
+//! Groups, in the order they are decided (each all or nothing; an enforced
+//! group that refuses stops the ones after it, see `limiter::Store`):
+//!
+//! 1. zones keyed by `ip`, `header:<name>` or `global`: charged even when a
+//!    later group refuses, so the per-IP tier counts every request;
+//! 2. zones keyed by `user` / `user_or_ip` (they need the identity);
+//! 3. the route's limits.
+//!
+//! Within a tier, enforced checks come before dry-run ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::ctx::{Applied, Rejection, Stop};
+use crate::config::{RouteConfig, ZoneConfig};
+use crate::error::ProxyError;
+use crate::limiter::engine::Engine;
+use crate::limiter::{most_restrictive, verdict, Check, Store, Verdict};
+
+pub const ZONE_GROUP: u8 = 0;
+pub const USER_ZONE_GROUP: u8 = 1;
+pub const ROUTE_GROUP: u8 = 2;
+
+/// Where a check came from.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin {
+    /// Index into the zones.
+    Zone(usize),
+    /// Index into the route's limits.
+    Route(usize),
+}
+
+#[derive(Debug)]
+struct Item {
+    group: u8,
+    dry_run: bool,
+    origin: Origin,
+    /// The bucket, e.g. `ip:203.0.113.7`.
+    key: String,
+}
+
+/// Checks waiting for one store call.
+#[derive(Debug, Default)]
+pub struct Batch {
+    items: Vec<Item>,
+}
+
+impl Batch {
+    pub fn push(&mut self, group: u8, dry_run: bool, origin: Origin, key: String) {
+        self.items.push(Item {
+            group,
+            dry_run,
+            origin,
+            key,
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Moves `other`'s checks into this batch.
+    pub fn append(&mut self, other: &mut Batch) {
+        self.items.append(&mut other.items);
+    }
+}
+
+/// Decides `batch` in one store call. Route-limit decisions are added to
+/// `applied` (and those counting only some statuses to `deferred`); the
+/// longest zone delay is slept here (dropped, and so ended, if the client
+/// goes away); the first enforced group that refuses is the rejection.
+pub async fn decide(
+    engine: &Engine,
+    zones: &[ZoneConfig],
+    route: Option<&RouteConfig>,
+    mut batch: Batch,
+    applied: &mut Vec<Applied>,
+    deferred: &mut Vec<(usize, String)>,
+) -> Result<(), Stop> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    if route.is_none() {
+        // Route checks are only made for a matched route.
+        batch.items.retain(|i| matches!(i.origin, Origin::Zone(_)));
+    }
+    // Stable: each tier's enforced checks, then its dry-run ones.
+    batch.items.sort_by_key(|i| (i.group, i.dry_run));
+    let checks: Vec<Check<'_>> = batch
+        .items
+        .iter()
+        .filter_map(|item| {
+            let (limit, cost) = match (item.origin, route) {
+                (Origin::Zone(z), _) => (&zones[z].limit, 1),
+                (Origin::Route(i), Some(r)) => (&r.limits[i].limit, r.limits[i].cost),
+                (Origin::Route(_), None) => return None,
+            };
+            let peek = match (item.origin, route) {
+                (Origin::Route(i), Some(r)) => r.limits[i].count_status.is_some(),
+                _ => false,
+            };
+            Some(Check {
+                peek,
+                group: item.group,
+                dry_run: item.dry_run,
+                ..Check::new(limit, &item.key, cost)
+            })
+        })
+        .collect();
+    let outcome = engine
+        .decide(&checks)
+        .await
+        .map_err(ProxyError::LimitUnavailable)?;
+    let mut delay = 0;
+    for (start, group, decided) in outcome.decided_groups(&checks) {
+        let items = &batch.items[start..start + group.len()];
+        if let (Some(route), Origin::Route(_)) = (route, items[0].origin) {
+            for (item, d) in items.iter().zip(decided) {
+                let Origin::Route(i) = item.origin else {
+                    continue;
+                };
+                let limit = &route.limits[i];
+                applied.push(Applied {
+                    name: limit.limit.name.clone(),
+                    decision: *d,
+                });
+                if limit.count_status.is_some() && d.admitted() {
+                    deferred.push((i, item.key.clone()));
+                }
+            }
+        }
+        let dry = group[0].dry_run;
+        match verdict(decided) {
+            Verdict::Allow => {}
+            Verdict::Delay(ms) if !dry => delay = delay.max(ms),
+            Verdict::Delay(_) => {}
+            Verdict::Reject if dry => {
+                let worst = most_restrictive(decided.iter()).unwrap_or(0);
+                tracing::info!(limit = %group[worst].limit.name, "dry run: would reject");
+            }
+            Verdict::Reject => {
+                let worst = most_restrictive(decided.iter()).unwrap_or(0);
+                let retry_ms = decided[worst].retry_after_ms;
+                let rejection = match (items[worst].origin, route) {
+                    (Origin::Route(i), Some(r)) => {
+                        let l = &r.limits[i];
+                        rejected(
+                            &l.limit.name,
+                            &l.description,
+                            retry_ms,
+                            StatusCode::TOO_MANY_REQUESTS,
+                            true,
+                        )
+                    }
+                    (Origin::Zone(z), _) => {
+                        let zone = &zones[z];
+                        rejected(
+                            &zone.limit.name,
+                            &zone.rate_text,
+                            retry_ms,
+                            zone.status,
+                            false,
+                        )
+                    }
+                    (Origin::Route(_), None) => continue,
+                };
+                return Err(rejection.into());
+            }
+        }
+    }
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    Ok(())
+}
+
+/// The rejection by the limit `name` ("5 requests per 60s").
+pub fn rejected(
+    name: &Arc<str>,
+    what: &str,
+    retry_ms: u64,
+    status: StatusCode,
+    route_limit: bool,
+) -> Rejection {
+    let retry = secs(retry_ms);
+    Rejection {
+        limit: name.clone(),
+        detail: format!("rate limit '{name}' exceeded: {what}; retry in {retry}s"),
+        retry_after: retry,
+        status,
+        route_limit,
+    }
+}
+
+/// Whole seconds, rounded up, at least 1 (`Retry-After`, header resets).
+pub fn secs(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
+/// Charges the route limits that count only some statuses, now that the
+/// upstream answered `status`. Each is charged on its own (a group each,
+/// dry-run so one over its limit does not stop the others), in one call.
+pub async fn charge_outcome(
+    engine: &Engine,
+    route: &RouteConfig,
+    deferred: &[(usize, String)],
+    status: u16,
+) {
+    let checks: Vec<Check<'_>> = deferred
+        .iter()
+        .filter_map(|(i, key)| {
+            let l = &route.limits[*i];
+            l.count_status
+                .as_ref()
+                .is_some_and(|s| s.contains(&status))
+                .then(|| Check::new(&l.limit, key, l.cost))
+        })
+        .enumerate()
+        .map(|(i, c)| Check {
+            group: (i % 2) as u8,
+            dry_run: true,
+            ..c
+        })
+        .collect();
+    if !checks.is_empty() {
+        let _ = engine.decide(&checks).await;
+    }
+}

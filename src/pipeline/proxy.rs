@@ -1,0 +1,167 @@
+//! The upstream stage for a `forward` route: turns the admitted request
+//! into the upstream's (body size limit, upgrade, forwarding headers, Host,
+//! origin-form target, a webhook body read whole and its signature
+//! checked), sends it through the upstream's pool, and relays the answer
+//! (or hands an upgraded connection over to a tunnel).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::uri::{PathAndQuery, Uri};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::body::{ProxyBody, RequestBody};
+use super::client_ip;
+use super::ctx::Ctx;
+use super::forward::{self, Forwarded};
+use super::upstream::{Exchange, Upstream};
+use super::webhook;
+use super::ConnInfo;
+use crate::config::{HostHeader, RouteConfig};
+use crate::error::ProxyError;
+
+/// Forwards `req` to `upstream` and returns the response to relay.
+pub async fn forward(
+    cx: &mut Ctx<'_>,
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    route: &RouteConfig,
+    body_read_timeout: Duration,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let max_body = route.max_body_bytes;
+    let verify = route.webhook.as_ref().and_then(|w| w.verify.as_ref());
+    if let Some(len) = content_length(req.headers()) {
+        if len > max_body {
+            return Err(ProxyError::BodyTooLarge { limit: max_body });
+        }
+    }
+    let upgrade = match req.version() {
+        Version::HTTP_11 => forward::requested_upgrade(req.headers()),
+        _ => None,
+    };
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+    let (mut parts, body) = req.into_parts();
+    let host = parts.headers.get(HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let proto = if conn.tls { "https" } else { "http" };
+    let client = &cx.client;
+    let chain = client_ip::forwarded_for(&parts.headers, &conn.client, client.peer_trusted);
+    forward::request_headers(
+        &mut parts.headers,
+        upgrade,
+        Forwarded {
+            client: &client.client.header,
+            chain,
+            trusted: client.peer_trusted,
+            proto,
+            host: host.clone(),
+        },
+    );
+    // Without a Host here, `send` writes the host:port of the target it
+    // actually uses (`host_header: target`, or a request with no host).
+    match (&upstream.host_header, host) {
+        (HostHeader::Preserve, Some(h)) => {
+            parts.headers.insert(HOST, h);
+        }
+        (HostHeader::Fixed(v), _) => {
+            parts.headers.insert(HOST, v.clone());
+        }
+        (HostHeader::Target | HostHeader::Preserve, _) => {
+            parts.headers.remove(HOST);
+        }
+    }
+    if parts.uri.authority().is_some() {
+        // HTTP/2 and absolute-form requests; HTTP/1.1 ones already are
+        // origin-form.
+        parts.uri = origin_form(&parts.uri);
+    }
+    parts.version = Version::HTTP_11;
+    let body = match verify {
+        None => RequestBody::new(body, max_body, body_read_timeout),
+        Some(v) => {
+            // Signed bodies are read whole (within the size limit) and
+            // checked before a byte goes upstream.
+            let data = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                body,
+                max_body as usize,
+            ))
+            .await
+            {
+                Ok(c) => c.to_bytes(),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return Err(ProxyError::BodyTooLarge { limit: max_body })
+                }
+                Err(_) => return Err(ProxyError::BadRequest("the request body was cut off")),
+            };
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            webhook::verify(v, &parts.headers, &data, now)?;
+            RequestBody::buffered(data)
+        }
+    };
+    let req = Request::from_parts(parts, body);
+
+    let mut target = None;
+    let sent = upstream.send(req, &mut target).await;
+    cx.end.set_target(target);
+    let Exchange {
+        mut response,
+        conn: pooled,
+    } = sent?;
+
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(ProxyError::UpstreamFailed {
+                upstream: upstream.name.to_string(),
+                reason: "answered 101 to a request that asked for no upgrade".into(),
+            });
+        };
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            // Keeps the upstream connection's sender alive until the
+            // upgrade has been handed over.
+            let _sender = pooled;
+            match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                Ok((down, up)) => {
+                    let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                    if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
+                        tracing::debug!(error = %e, "upgraded tunnel closed with an error");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
+            }
+        });
+        forward::response_headers(response.headers_mut(), true);
+        let (parts, _) = response.into_parts();
+        return Ok(Response::from_parts(parts, ProxyBody::empty()));
+    }
+    forward::response_headers(response.headers_mut(), false);
+    let (parts, incoming) = response.into_parts();
+    Ok(Response::from_parts(
+        parts,
+        ProxyBody::upstream(incoming, upstream.timeout, Some(pooled)),
+    ))
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// `/path?query` for the upstream request line.
+fn origin_form(uri: &Uri) -> Uri {
+    let pq = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    Uri::from(pq)
+}

@@ -1,0 +1,127 @@
+//! End-of-request bookkeeping, carried in the response body: one
+//! access-log event and the connection's in-flight count, both settled when
+//! the body is finished or dropped; and the `max_conn` slots the request
+//! holds until then. Every stage records what it learnt here (route, user,
+//! what the limits did, the target used), so a refused request is logged
+//! with as much as was known when it was refused.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, StatusCode};
+
+use crate::limiter::conn::ConnSlot;
+use crate::listener::conn::ConnState;
+
+/// What the access log line needs, filled in as the request moves along.
+pub struct AccessRecord {
+    pub listener: Arc<str>,
+    pub client: IpAddr,
+    pub method: Method,
+    pub path: String,
+    pub route: Option<Arc<str>>,
+    /// The verified user (a JWT claim, or an API key hash), if any.
+    pub user: Option<String>,
+    /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
+    pub rate_limit: Option<String>,
+    pub upstream: Option<Arc<str>>,
+    pub target: Option<Arc<str>>,
+    pub status: StatusCode,
+}
+
+/// Settles a request when its response body is finished or dropped.
+pub struct RequestEnd {
+    started: Instant,
+    /// `None` when the access log is off: nothing is allocated for it.
+    record: Option<Box<AccessRecord>>,
+    bytes: u64,
+    aborted: bool,
+    /// Lets the connection's idle watchdog know a request is running.
+    conn: Arc<ConnState>,
+    /// Per-key concurrency slots (`max_conn`), released with the request.
+    pub slots: Vec<ConnSlot>,
+}
+
+impl RequestEnd {
+    pub fn new(started: Instant, record: Option<Box<AccessRecord>>, conn: Arc<ConnState>) -> Self {
+        conn.request_started();
+        RequestEnd {
+            started,
+            record,
+            bytes: 0,
+            aborted: false,
+            conn,
+            slots: Vec::new(),
+        }
+    }
+
+    pub fn set_status(&mut self, status: StatusCode) {
+        if let Some(r) = self.record.as_mut() {
+            r.status = status;
+        }
+    }
+
+    pub fn set_route(&mut self, name: &Arc<str>) {
+        if let Some(r) = self.record.as_mut() {
+            r.route = Some(name.clone());
+        }
+    }
+
+    pub fn set_rate_limit(&mut self, what: impl FnOnce() -> String) {
+        if let Some(r) = self.record.as_mut() {
+            r.rate_limit = Some(what());
+        }
+    }
+
+    pub fn set_user(&mut self, user: &str) {
+        if let Some(r) = self.record.as_mut() {
+            r.user = Some(user.to_owned());
+        }
+    }
+
+    pub fn set_upstream(&mut self, name: &Arc<str>) {
+        if let Some(r) = self.record.as_mut() {
+            r.upstream = Some(name.clone());
+        }
+    }
+
+    pub fn set_target(&mut self, target: Option<Arc<str>>) {
+        if let Some(r) = self.record.as_mut() {
+            r.target = target;
+        }
+    }
+
+    pub fn add_bytes(&mut self, n: u64) {
+        self.bytes += n;
+    }
+
+    pub fn mark_aborted(&mut self) {
+        self.aborted = true;
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        self.conn.request_finished();
+        let Some(r) = self.record.take() else { return };
+        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        tracing::info!(
+            target: "tollgate::access",
+            listener = %r.listener,
+            client = %r.client,
+            method = %r.method,
+            path = %r.path,
+            status = r.status.as_u16(),
+            route = r.route.as_deref().unwrap_or("-"),
+            user = r.user.as_deref().unwrap_or("-"),
+            rate_limit = r.rate_limit.as_deref().unwrap_or("-"),
+            upstream = r.upstream.as_deref().unwrap_or("-"),
+            upstream_target = r.target.as_deref().unwrap_or("-"),
+            duration_ms = (ms * 1000.0).round() / 1000.0,
+            bytes = self.bytes,
+            aborted = self.aborted,
+            "request"
+        );
+    }
+}
