@@ -17,6 +17,10 @@
 //! - `token_bucket` and `gcra` are exact and make the same decisions.
 //! - `leaky` is nginx `limit_req` to the thousandth of a request.
 
+mod buckets;
+mod leaky;
+mod windows;
+
 use std::collections::VecDeque;
 
 use super::{Decision, Verdict};
@@ -102,6 +106,32 @@ impl Log {
     /// Heap bytes this log holds, for the store's memory budget.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<(u64, u32)>()
+    }
+}
+
+/// The quota and window a limit advertises, for every decision it makes.
+#[derive(Debug, Clone, Copy)]
+struct Policy {
+    limit: u64,
+    window_ms: u64,
+}
+
+impl Policy {
+    fn decide(
+        self,
+        verdict: Verdict,
+        remaining: u64,
+        reset_ms: u64,
+        retry_after_ms: u64,
+    ) -> Decision {
+        Decision {
+            verdict,
+            limit: self.limit,
+            remaining,
+            reset_ms,
+            retry_after_ms,
+            window_ms: self.window_ms,
+        }
     }
 }
 
@@ -253,176 +283,32 @@ impl Algorithm {
     /// Decides for one request of `cost` at `now` (ms) without charging it.
     pub fn check(&self, state: &mut State, now: u64, cost: u64) -> Decision {
         let (limit, window_ms) = self.policy();
-        let d = |verdict, remaining, reset_ms, retry_after_ms| Decision {
-            verdict,
-            limit,
-            remaining,
-            reset_ms,
-            retry_after_ms,
-            window_ms,
-        };
+        let policy = Policy { limit, window_ms };
         match *self {
-            Algorithm::FixedWindow {
-                limit,
-                window_ms: w,
-            } => {
-                let (start, count) = fixed_roll(state, now, w);
-                let reset = start + w - now;
-                if count + cost <= limit {
-                    d(Verdict::Allow, limit - count - cost, reset, 0)
-                } else {
-                    d(Verdict::Reject, limit.saturating_sub(count), reset, reset)
-                }
+            Algorithm::FixedWindow { limit, window_ms } => {
+                windows::fixed_check(limit, window_ms, state, now, cost, policy)
             }
-            Algorithm::SlidingWindow {
-                limit,
-                window_ms: w,
-            } => {
-                let (start, prev, curr) = sliding_roll(state, now, w);
-                let elapsed = (now - start) as u128;
-                let (w128, l128, c128) = (w as u128, limit as u128, cost as u128);
-                let used = prev as u128 * (w128 - elapsed) + curr as u128 * w128;
-                let reset = (w128 - elapsed) as u64;
-                if used + c128 * w128 <= l128 * w128 {
-                    let remaining = ((l128 * w128 - used - c128 * w128) / w128) as u64;
-                    d(Verdict::Allow, remaining, reset, 0)
-                } else {
-                    let remaining = (l128 * w128).saturating_sub(used) / w128;
-                    let retry =
-                        sliding_retry(prev as u128, curr as u128, elapsed, w128, l128, c128);
-                    d(Verdict::Reject, remaining as u64, reset, retry)
-                }
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                windows::sliding_check(limit, window_ms, state, now, cost, policy)
             }
-            Algorithm::SlidingLog {
-                limit,
-                window_ms: w,
-            } => {
-                let log = log_of(state);
-                while log.entries.front().is_some_and(|&(t, _)| t + w <= now) {
-                    if let Some((_, c)) = log.entries.pop_front() {
-                        log.total -= c as u64;
-                    }
-                }
-                if log.total + cost <= limit {
-                    let oldest = log.entries.front().map_or(now, |&(t, _)| t);
-                    d(
-                        Verdict::Allow,
-                        limit - log.total - cost,
-                        oldest + w - now,
-                        0,
-                    )
-                } else {
-                    // Wait until enough of the oldest entries leave the window.
-                    let mut freed = 0;
-                    let mut retry = w;
-                    for &(t, c) in &log.entries {
-                        freed += c as u64;
-                        if log.total - freed + cost <= limit {
-                            retry = t + w - now;
-                            break;
-                        }
-                    }
-                    let oldest = log.entries.front().map_or(now, |&(t, _)| t);
-                    d(
-                        Verdict::Reject,
-                        limit.saturating_sub(log.total),
-                        oldest + w - now,
-                        retry,
-                    )
-                }
+            Algorithm::SlidingLog { limit, window_ms } => {
+                windows::log_check(limit, window_ms, state, now, cost, policy)
             }
             Algorithm::TokenBucket {
                 amount,
                 period_ms,
                 burst,
-            } => {
-                let (a, p) = (amount as u128, period_ms as u128);
-                let capacity = burst as u128 * p;
-                let level = bucket_level(state, now, a, capacity);
-                let need = cost as u128 * p;
-                if level >= need {
-                    let after = level - need;
-                    d(
-                        Verdict::Allow,
-                        (after / p) as u64,
-                        div_ceil(capacity - after, a),
-                        0,
-                    )
-                } else {
-                    d(
-                        Verdict::Reject,
-                        (level / p) as u64,
-                        div_ceil(capacity - level, a),
-                        div_ceil(need - level, a),
-                    )
-                }
-            }
+            } => buckets::token_check(amount, period_ms, burst, state, now, cost, policy),
             Algorithm::Gcra {
                 amount,
                 period_ms,
                 burst,
-            } => {
-                let (a, p) = (amount as u128, period_ms as u128);
-                let scaled_now = now as u128 * a;
-                let tolerance = burst as u128 * p;
-                let tat = gcra_tat(state, scaled_now);
-                let new_tat = tat + cost as u128 * p;
-                if new_tat - scaled_now <= tolerance {
-                    let remaining = (tolerance - (new_tat - scaled_now)) / p;
-                    d(
-                        Verdict::Allow,
-                        remaining as u64,
-                        div_ceil(new_tat - scaled_now, a),
-                        0,
-                    )
-                } else {
-                    let remaining = tolerance.saturating_sub(tat - scaled_now) / p;
-                    let retry = div_ceil(new_tat - scaled_now - tolerance, a);
-                    d(
-                        Verdict::Reject,
-                        remaining as u64,
-                        div_ceil(tat - scaled_now, a),
-                        retry,
-                    )
-                }
-            }
+            } => buckets::gcra_check(amount, period_ms, burst, state, now, cost, policy),
             Algorithm::Leaky {
                 rate_milli,
                 burst,
                 delay,
-            } => {
-                let burst_m = burst as i128 * 1000;
-                let rate = rate_milli as i128;
-                match leaky_excess(state, now, rate, burst_m, cost) {
-                    Ok(excess) => {
-                        let wait = if excess <= delay as i128 * 1000 || delay == u64::MAX {
-                            0
-                        } else {
-                            ((excess - delay as i128 * 1000) * 1000 / rate) as u64
-                        };
-                        let verdict = if wait > 0 {
-                            Verdict::Delay(wait)
-                        } else {
-                            Verdict::Allow
-                        };
-                        let remaining = ((burst_m - excess) / 1000) as u64;
-                        d(
-                            verdict,
-                            remaining,
-                            div_ceil(excess as u128 * 1000, rate as u128),
-                            0,
-                        )
-                    }
-                    Err((excess_then, since_last)) => {
-                        // Smallest wait after which the excess fits again.
-                        let need = excess_then + 1000 * cost as i128 - burst_m;
-                        let total = div_ceil((need * 1000) as u128, rate as u128) as i128;
-                        let retry = (total - since_last as i128).max(1) as u64;
-                        let reset = div_ceil((excess_then * 1000) as u128, rate as u128);
-                        d(Verdict::Reject, 0, reset, retry)
-                    }
-                }
-            }
+            } => leaky::check(rate_milli, burst, delay, state, now, cost, policy),
         }
     }
 
@@ -431,63 +317,23 @@ impl Algorithm {
     pub fn charge(&self, state: &mut State, now: u64, cost: u64) {
         match *self {
             Algorithm::FixedWindow { window_ms, .. } => {
-                let (start, count) = fixed_roll(state, now, window_ms);
-                *state = State::Window {
-                    start,
-                    count: count + cost,
-                };
+                windows::fixed_charge(window_ms, state, now, cost)
             }
             Algorithm::SlidingWindow { window_ms, .. } => {
-                let (start, prev, curr) = sliding_roll(state, now, window_ms);
-                let curr = curr.saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
-                *state = State::Sliding { start, prev, curr };
+                windows::sliding_charge(window_ms, state, now, cost)
             }
-            Algorithm::SlidingLog { .. } => {
-                let log = log_of(state);
-                let c = u32::try_from(cost).unwrap_or(u32::MAX);
-                match log.entries.back_mut() {
-                    Some((t, existing)) if *t == now => *existing = existing.saturating_add(c),
-                    _ => log.entries.push_back((now, c)),
-                }
-                log.total += cost;
-            }
+            Algorithm::SlidingLog { .. } => windows::log_charge(state, now, cost),
             Algorithm::TokenBucket {
                 amount,
                 period_ms,
                 burst,
-            } => {
-                let (a, p) = (amount as u128, period_ms as u128);
-                let level = bucket_level(state, now, a, burst as u128 * p);
-                let after = level.saturating_sub(cost as u128 * p);
-                *state = State::Bucket {
-                    level: after as u64,
-                    last: now,
-                };
-            }
+            } => buckets::token_charge(amount, period_ms, burst, state, now, cost),
             Algorithm::Gcra {
                 amount, period_ms, ..
-            } => {
-                let scaled_now = now as u128 * amount as u128;
-                let tat = gcra_tat(state, scaled_now);
-                *state = State::Tat((tat + cost as u128 * period_ms as u128) as u64);
-            }
+            } => buckets::gcra_charge(amount, period_ms, state, now, cost),
             Algorithm::Leaky {
                 rate_milli, burst, ..
-            } => {
-                if let Ok(excess) =
-                    leaky_excess(state, now, rate_milli as i128, burst as i128 * 1000, cost)
-                {
-                    // nginx moves `last` only when time has passed.
-                    let last = match state {
-                        State::Leaky { last, .. } if now <= *last => *last,
-                        _ => now,
-                    };
-                    *state = State::Leaky {
-                        excess: excess as u64,
-                        last,
-                    };
-                }
-            }
+            } => leaky::charge(rate_milli, burst, state, now, cost),
         }
     }
 
@@ -529,113 +375,6 @@ impl Algorithm {
             // reload): worthless, forget it.
             _ => true,
         }
-    }
-}
-
-fn fixed_roll(state: &State, now: u64, w: u64) -> (u64, u64) {
-    let start = now - now % w;
-    match *state {
-        State::Window { start: s, count } if s == start => (start, count),
-        _ => (start, 0),
-    }
-}
-
-fn sliding_roll(state: &State, now: u64, w: u64) -> (u64, u32, u32) {
-    let start = now - now % w;
-    match *state {
-        State::Sliding {
-            start: s,
-            prev,
-            curr,
-        } if s == start => (start, prev, curr),
-        State::Sliding { start: s, curr, .. } if s + w == start => (start, curr, 0),
-        _ => (start, 0, 0),
-    }
-}
-
-/// Milliseconds until a rejected sliding-window request would fit.
-fn sliding_retry(prev: u128, curr: u128, elapsed: u128, w: u128, l: u128, c: u128) -> u64 {
-    // Later in this window, as the previous window's weight fades.
-    if curr + c <= l && prev > 0 {
-        // prev * (w - elapsed - t) + (curr + c) * w <= l * w
-        let t = div_ceil(prev * (w - elapsed) + (curr + c) * w - l * w, prev) as u128;
-        if t < w - elapsed {
-            return t.max(1) as u64;
-        }
-    }
-    // In the next window the current count becomes the previous one.
-    let to_next = w - elapsed;
-    if c > l {
-        // Never fits (config refuses such costs); say "a window".
-        return (to_next + w) as u64;
-    }
-    if curr == 0 || curr + c <= l {
-        return to_next.max(1) as u64;
-    }
-    // curr * (w - u) + c * w <= l * w  =>  u >= w - (l - c) * w / curr
-    let u = w - ((l - c) * w / curr).min(w);
-    let u = if curr * (w - u) + c * w > l * w {
-        u + 1
-    } else {
-        u
-    };
-    (to_next + u.min(w)) as u64
-}
-
-/// GCRA's theoretical arrival time, never in the past.
-fn gcra_tat(state: &State, scaled_now: u128) -> u128 {
-    match *state {
-        State::Tat(t) => (t as u128).max(scaled_now),
-        _ => scaled_now,
-    }
-}
-
-fn log_of(state: &mut State) -> &mut Log {
-    if !matches!(state, State::Log(_)) {
-        *state = State::Log(Box::default());
-    }
-    match state {
-        State::Log(log) => log,
-        _ => unreachable!("just set"),
-    }
-}
-
-fn bucket_level(state: &State, now: u64, a: u128, capacity: u128) -> u128 {
-    match *state {
-        State::Bucket { level, last } => {
-            (level as u128 + now.saturating_sub(last) as u128 * a).min(capacity)
-        }
-        _ => capacity,
-    }
-}
-
-/// nginx `ngx_http_limit_req_lookup`: the excess this request would leave,
-/// or, when that is over `burst`, (the stored excess, ms since its last
-/// update) so the caller can say when to retry. Rejections change nothing.
-fn leaky_excess(
-    state: &State,
-    now: u64,
-    rate: i128,
-    burst_m: i128,
-    cost: u64,
-) -> Result<i128, (i128, u64)> {
-    let cost_m = 1000 * cost as i128;
-    let (excess, stored, ms) = match *state {
-        State::Leaky { excess, last } => {
-            let ms = now.saturating_sub(last);
-            (
-                (excess as i128 - rate * ms as i128 / 1000 + cost_m).max(0),
-                excess as i128,
-                ms,
-            )
-        }
-        // A new key starts at excess 0: its first request adds nothing.
-        _ => (cost_m - 1000, 0, 0),
-    };
-    if excess > burst_m {
-        Err((stored, ms))
-    } else {
-        Ok(excess)
     }
 }
 
