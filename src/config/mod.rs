@@ -9,9 +9,12 @@ pub mod checker;
 pub mod client;
 pub mod compiled;
 pub mod limits;
+pub mod load;
 pub mod raw;
+pub mod routes;
 pub mod store;
 pub mod units;
+pub mod upstreams;
 pub mod validate;
 
 use std::fmt;
@@ -65,7 +68,7 @@ impl Config {
         text: &str,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let (raw, problems) = raw::load(text, lookup);
+        let (raw, problems) = load::load(text, lookup);
         validate::validate(raw, problems).map_err(ConfigError::Invalid)
     }
 

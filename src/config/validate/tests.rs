@@ -1,6 +1,8 @@
 //! Validation: defaults, targets, hosts, and every semantic problem at once.
 
 use super::*;
+use crate::config::routes::parse_host;
+use crate::config::upstreams::parse_target;
 
 #[test]
 fn targets_parse_and_name_their_mistakes() {

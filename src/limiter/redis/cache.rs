@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::limiter::{groups, Algorithm, Check, Decision, Verdict};
+
 const SHARDS: usize = 16;
 /// Entries a shard holds before it drops expired ones (then everything).
 const SHARD_CAPACITY: usize = 8192;
@@ -82,5 +84,67 @@ impl RejectCache {
             }
         }
         shard.insert(hash, until);
+    }
+}
+
+/// The first enforced group with a key cached as rejected: where it
+/// starts, and per check of it how long it stays rejected.
+pub(super) fn cached_cut(cache: &RejectCache, checks: &[Check<'_>], now: Instant) -> Option<Cut> {
+    if cache.is_idle(now) {
+        return None;
+    }
+    let mut start = 0;
+    for group in groups(checks) {
+        if !group[0].dry_run {
+            let waits: Vec<Option<Duration>> = group
+                .iter()
+                .map(|c| cache.rejected_for(c.limit.zone, c.key, now))
+                .collect();
+            if waits.iter().any(Option::is_some) {
+                return Some(Cut { start, waits });
+            }
+        }
+        start += group.len();
+    }
+    None
+}
+
+/// Remembers the keys Redis rejected, until their retry time.
+pub(super) fn remember(
+    cache: &RejectCache,
+    checks: &[Check<'_>],
+    decisions: &[Decision],
+    now: Instant,
+) {
+    for (c, d) in checks.iter().zip(decisions) {
+        if !c.dry_run && !d.admitted() && d.retry_after_ms > 0 {
+            cache.insert(
+                c.limit.zone,
+                c.key,
+                now + Duration::from_millis(d.retry_after_ms),
+            );
+        }
+    }
+}
+
+/// A group answered partly from the rejection cache.
+pub(super) struct Cut {
+    /// Index of the group's first check.
+    pub start: usize,
+    /// Per check of the group: how long it stays rejected, if cached.
+    pub waits: Vec<Option<Duration>>,
+}
+
+/// The decision for a key the cache knows is rejected for `wait`.
+pub(super) fn cached_rejection(algorithm: &Algorithm, wait: Duration) -> Decision {
+    let (limit, window_ms) = algorithm.policy();
+    let ms = (wait.as_millis() as u64).max(1);
+    Decision {
+        verdict: Verdict::Reject,
+        limit,
+        remaining: 0,
+        reset_ms: ms,
+        retry_after_ms: ms,
+        window_ms,
     }
 }

@@ -1,0 +1,157 @@
+//! Validation of `upstreams`: targets (`host:port`), timeouts, pool
+//! sizes, `host_header` and TLS to the upstream.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use http::header::HeaderValue;
+
+use super::checker::Checker;
+use super::compiled::*;
+use super::raw::RawUpstream;
+use crate::pipeline::upstream::client_tls;
+
+pub(super) fn upstreams(
+    c: &mut Checker,
+    raw: &[(String, String, RawUpstream)],
+) -> (Vec<UpstreamConfig>, HashMap<String, usize>) {
+    let mut out = Vec::new();
+    let mut index = HashMap::new();
+    for (path, name, u) in raw {
+        if u.targets.is_empty() {
+            c.report(
+                format!("{path}.targets"),
+                "at least one \"host:port\" target is required",
+            );
+        }
+        let targets: Vec<Target> = u
+            .targets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| match parse_target(&t.0) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    c.report(format!("{path}.targets[{i}]"), e);
+                    None
+                }
+            })
+            .collect();
+        let tls = u
+            .tls
+            .as_ref()
+            .and_then(|t| match client_tls::client_config(t.ca.as_deref()) {
+                Ok(config) => {
+                    let server_name = t.server_name.as_ref().and_then(|n| {
+                        match rustls_pki_types::ServerName::try_from(n.clone()) {
+                            Ok(sn) => Some(sn),
+                            Err(_) => {
+                                c.report(
+                                    format!("{path}.tls.server_name"),
+                                    format!("\"{n}\" is not a valid DNS name or IP address"),
+                                );
+                                None
+                            }
+                        }
+                    });
+                    Some(UpstreamTls {
+                        config,
+                        server_name,
+                    })
+                }
+                Err(e) => {
+                    c.report(format!("{path}.tls.ca"), e);
+                    None
+                }
+            });
+        let host_header = match u.host_header.as_deref() {
+            None | Some("preserve") => HostHeader::Preserve,
+            Some("target") => HostHeader::Target,
+            Some(other) => match HeaderValue::from_str(other) {
+                Ok(v) if is_host_with_port(other) => HostHeader::Fixed(v),
+                _ => {
+                    c.report(
+                        format!("{path}.host_header"),
+                        format!(
+                            "expected \"preserve\", \"target\" or a host name, got \"{other}\""
+                        ),
+                    );
+                    HostHeader::Preserve
+                }
+            },
+        };
+        let upstream = UpstreamConfig {
+            name: name.clone(),
+            targets,
+            tls,
+            connect_timeout: c.positive_duration(
+                &format!("{path}.connect_timeout"),
+                &u.connect_timeout,
+                Duration::from_secs(2),
+            ),
+            timeout: c.positive_duration(
+                &format!("{path}.timeout"),
+                &u.timeout,
+                Duration::from_secs(30),
+            ),
+            idle_timeout: c.duration(
+                &format!("{path}.idle_timeout"),
+                &u.idle_timeout,
+                Duration::from_secs(4),
+            ),
+            max_idle_per_target: c.number(
+                &format!("{path}.max_idle_per_target"),
+                &u.max_idle_per_target,
+                64usize,
+                0,
+                100_000,
+            ),
+            cooldown: c.duration(
+                &format!("{path}.cooldown"),
+                &u.cooldown,
+                Duration::from_secs(10),
+            ),
+            host_header,
+        };
+        index.insert(name.clone(), out.len());
+        out.push(upstream);
+    }
+    (out, index)
+}
+
+/// A `Host` value: a name or address with an optional port.
+fn is_host_with_port(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
+}
+
+/// `host:port`, `1.2.3.4:80` or `[::1]:80`; a scheme is a mistake worth naming.
+pub(super) fn parse_target(text: &str) -> Result<Target, String> {
+    let t = text.trim();
+    if t.contains("://") {
+        return Err(format!(
+            "expected \"host:port\" without a scheme (use tls: {{}} for https), got \"{text}\""
+        ));
+    }
+    let bad = || format!("expected \"host:port\", got \"{text}\"");
+    let (host, port) = if let Some(rest) = t.strip_prefix('[') {
+        let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
+        h.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+        (h, p)
+    } else {
+        t.rsplit_once(':').ok_or_else(bad)?
+    };
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b));
+    if !host_ok || port == 0 {
+        return Err(bad());
+    }
+    Ok(Target {
+        authority: t.to_owned(),
+        host: host.to_owned(),
+        port,
+    })
+}
