@@ -4,6 +4,12 @@
 #
 #   bash benches/load.sh            # 10 s per run, 64 connections
 #   DURATION=30s CONNS=128 bash benches/load.sh
+#   BASELINE=/tmp/tollgate-before bash benches/load.sh
+#       also runs that binary (an earlier build) on the same limits config,
+#       interleaved with this build, and prints this build / baseline
+#
+# Each tollgate run also reports the CPU time the proxy process spent per
+# request (user + system, from /proc/<pid>/stat).
 #
 # Needs nginx and wrk (installed from Debian's packages when missing).
 # Everything listens on 127.0.0.1 only and every run is bounded by DURATION.
@@ -23,6 +29,9 @@ ADMIN_LIM_PORT=${ADMIN_LIM_PORT:-18087}
 REDIS_PORT=${REDIS_PORT:-18088}
 TG_REDIS_PORT=${TG_REDIS_PORT:-18089}
 ADMIN_REDIS_PORT=${ADMIN_REDIS_PORT:-18090}
+BASE_PORT=${BASE_PORT:-18091}
+ADMIN_BASE_PORT=${ADMIN_BASE_PORT:-18092}
+BASELINE=${BASELINE:-}
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
@@ -41,6 +50,7 @@ cleanup() {
     [ -n "${TG_PID:-}" ] && kill "$TG_PID" 2>/dev/null || true
     [ -n "${TG_LIM_PID:-}" ] && kill "$TG_LIM_PID" 2>/dev/null || true
     [ -n "${TG_REDIS_PID:-}" ] && kill "$TG_REDIS_PID" 2>/dev/null || true
+    [ -n "${TG_BASE_PID:-}" ] && kill "$TG_BASE_PID" 2>/dev/null || true
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
     sleep 0.3
     rm -rf "$work"
@@ -119,32 +129,48 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --d
 sleep 0.3
 target/release/tollgate run --config "$work/tollgate-redis.yaml" >"$work/tollgate-redis.log" 2>&1 &
 TG_REDIS_PID=$!
+if [ -n "$BASELINE" ]; then
+    sed -e "s/$TG_LIM_PORT/$BASE_PORT/; s/$ADMIN_LIM_PORT/$ADMIN_BASE_PORT/" \
+        "$work/tollgate-limits.yaml" > "$work/tollgate-base.yaml"
+    "$BASELINE" run --config "$work/tollgate-base.yaml" >"$work/tollgate-base.log" 2>&1 &
+    TG_BASE_PID=$!
+fi
 sleep 1
+[ -z "$BASELINE" ] || curl -fsS "http://127.0.0.1:$BASE_PORT/" >/dev/null || { cat "$work/tollgate-base.log" >&2; exit 1; }
 curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$TG_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$NGINX_LIM_PORT/" >/dev/null
 curl -fsS "http://127.0.0.1:$TG_LIM_PORT/" >/dev/null || { cat "$work/tollgate-limits.log" >&2; exit 1; }
 curl -fsS "http://127.0.0.1:$TG_REDIS_PORT/" >/dev/null || { cat "$work/tollgate-redis.log" >&2; exit 1; }
 
-run() { # name port
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+run() { # name port [pid: report its CPU time per request]
     wrk -t"$THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$2/" >/dev/null # warm-up
-    local out rps p99
+    local out rps p99 before=0 cpu=""
+    [ -n "${3:-}" ] && before=$(cpu_ticks "$3")
     out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$2/")
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
     p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+    if [ -n "${3:-}" ]; then
+        local ticks requests
+        ticks=$(( $(cpu_ticks "$3") - before ))
+        requests=$(awk '/requests in/ {print $1}' <<<"$out")
+        cpu=$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$requests" \
+            'BEGIN { printf "cpu %5.1f us/req", t * 1e6 / hz / n }')
+    fi
     local errors
     errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out")
-    printf '%-14s %12s req/s   p99 %8s   %s\n' "$1" "$rps" "$p99" "$errors" >&2
+    printf '%-16s %12s req/s   p99 %8s   %s %s\n' "$1" "$rps" "$p99" "$cpu" "$errors" >&2
     echo "$rps"
 }
 
 echo "wrk -t$THREADS -c$CONNS -d$DURATION on $cores cores (upstream: nginx return 200)" >&2
 nginx_rps=$(run nginx "$NGINX_PORT")
-tg_rps=$(run tollgate "$TG_PORT")
+tg_rps=$(run tollgate "$TG_PORT" "$TG_PID")
 nginx_lim_rps=$(run nginx+lim "$NGINX_LIM_PORT")
-tg_lim_rps=$(run tollgate+lim "$TG_LIM_PORT")
+tg_lim_rps=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
 redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}'; }
-tg_redis_rps=$(run tollgate+redis "$TG_REDIS_PORT")
+tg_redis_rps=$(run tollgate+redis "$TG_REDIS_PORT" "$TG_REDIS_PID")
 # Commands per request: a short run with Redis's counters reset first.
 redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
 requests=$(wrk -t"$THREADS" -c"$CONNS" -d3s "http://127.0.0.1:$TG_REDIS_PORT/" | awk '/requests in/ {print $1}')
@@ -153,3 +179,11 @@ awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "proxy only:        tollgat
 awk -v t="$tg_lim_rps" -v n="$nginx_lim_rps" 'BEGIN { printf "with rate limits:  tollgate / nginx throughput ratio: %.2f (nginx: one limit_req zone; tollgate: a zone + two route limits)\n", t / n }'
 awk -v r="$tg_redis_rps" -v m="$tg_lim_rps" 'BEGIN { printf "shared through Redis: redis / memory store throughput ratio: %.2f (same limits; Redis on the same cores)\n", r / m }'
 awk -v c="$calls" -v q="$requests" 'BEGIN { printf "Redis round trips per request: %.3f (%d EVALSHA for %d requests)\n", c / q, c, q }'
+if [ -n "$BASELINE" ]; then
+    # Interleaved: baseline, this build, baseline, this build.
+    b1=$(run baseline+lim "$BASE_PORT" "$TG_BASE_PID")
+    t1=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
+    b2=$(run baseline+lim "$BASE_PORT" "$TG_BASE_PID")
+    t2=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
+    awk -v a="$t1" -v b="$t2" -v c="$b1" -v d="$b2" 'BEGIN { printf "this build / baseline throughput ratio (same limits config): %.2f\n", (a + b) / (c + d) }'
+fi

@@ -214,21 +214,7 @@ async fn the_access_log_has_one_json_event_per_request() {
     );
     assert_eq!(get(run.addr, "/api/items?secret=1").await.status, 200);
     assert_eq!(get(run.addr, "/missing").await.status, 404);
-    let mut events = Vec::new();
-    for _ in 0..50 {
-        events = run
-            .logs
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["target"] == "tollgate::access")
-            .collect();
-        if events.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let events = run.access_events(2).await;
     assert_eq!(events.len(), 2, "{events:?}");
     let ok = &events[0];
     assert_eq!(ok["method"], "GET");

@@ -22,26 +22,8 @@ async fn start(rest: &str) -> (Upstream, TestProxy) {
     (up, proxy)
 }
 
-async fn send(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &'static [u8],
-) -> Got {
-    let mut c = h1(addr).await;
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "api.test");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    send1(&mut c, req.body(full(body)).unwrap()).await
-}
-
 async fn get_path(addr: std::net::SocketAddr, path: &str) -> Got {
-    send(addr, "GET", path, &[], b"").await
+    send_with(addr, "GET", path, &[], b"").await
 }
 
 #[tokio::test]
@@ -55,7 +37,7 @@ async fn the_nestjs_login_scenario() {
     )
     .await;
     for i in 0..5 {
-        let got = send(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
+        let got = send_with(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
         assert_eq!(got.status, 200, "attempt {i}");
         assert_eq!(got.headers["x-ratelimit-limit"], "5");
         assert_eq!(
@@ -63,7 +45,7 @@ async fn the_nestjs_login_scenario() {
             (4 - i).to_string().as_str()
         );
     }
-    let got = send(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
+    let got = send_with(proxy.addr(), "POST", "/auth/login", &[], b"user=a&pass=b").await;
     assert_eq!(got.status, 429);
     assert_eq!(got.headers["content-type"], "application/problem+json");
     let retry: u64 = got.headers["retry-after"]
@@ -317,7 +299,7 @@ routes:
     .await;
     for _ in 0..5 {
         assert_eq!(
-            send(proxy.addr(), "GET", "/x", &[("x-bypass-token", token)], b"")
+            send_with(proxy.addr(), "GET", "/x", &[("x-bypass-token", token)], b"")
                 .await
                 .status,
             200
@@ -334,7 +316,7 @@ routes:
     let mut statuses = Vec::new();
     for wrong in [same_length, prefix, suffix, ""] {
         statuses.push(
-            send(proxy.addr(), "GET", "/x", &[("x-bypass-token", wrong)], b"")
+            send_with(proxy.addr(), "GET", "/x", &[("x-bypass-token", wrong)], b"")
                 .await
                 .status
                 .as_u16(),
@@ -373,7 +355,7 @@ async fn webhook_sources_and_signatures() {
     .await;
     for _ in 0..5 {
         assert_eq!(
-            send(proxy.addr(), "POST", "/hooks/local", &[], b"{}")
+            send_with(proxy.addr(), "POST", "/hooks/local", &[], b"{}")
                 .await
                 .status,
             200,
@@ -383,18 +365,18 @@ async fn webhook_sources_and_signatures() {
     // A spoofed X-Forwarded-For naming GitHub from an untrusted peer gets nothing.
     let spoof = [("x-forwarded-for", "192.30.252.1")];
     assert_eq!(
-        send(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
+        send_with(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
             .await
             .status,
         200
     );
     assert_eq!(
-        send(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
+        send_with(proxy.addr(), "POST", "/hooks/github", &spoof, b"{}")
             .await
             .status,
         429
     );
-    let got = send(proxy.addr(), "POST", "/hooks/strict", &spoof, b"{}").await;
+    let got = send_with(proxy.addr(), "POST", "/hooks/strict", &spoof, b"{}").await;
     assert_eq!(got.status, 403);
     assert_eq!(got.json()["status"], 403);
 
@@ -403,7 +385,7 @@ async fn webhook_sources_and_signatures() {
         "sha256={}",
         tollgate::pipeline::webhook::sign(secret.as_bytes(), &[body])
     );
-    let got = send(
+    let got = send_with(
         proxy.addr(),
         "POST",
         "/hooks/signed",
@@ -418,7 +400,7 @@ async fn webhook_sources_and_signatures() {
         "the verified body reaches the upstream intact"
     );
     let tampered: &'static [u8] = br#"{"action":"opened","number":2}"#;
-    let got = send(
+    let got = send_with(
         proxy.addr(),
         "POST",
         "/hooks/signed",
@@ -429,7 +411,7 @@ async fn webhook_sources_and_signatures() {
     assert_eq!(got.status, 401);
     assert_eq!(got.json()["status"], 401);
     assert_eq!(
-        send(proxy.addr(), "POST", "/hooks/signed", &[], body)
+        send_with(proxy.addr(), "POST", "/hooks/signed", &[], body)
             .await
             .status,
         401,

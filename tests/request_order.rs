@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::process::Running;
 use common::*;
 use jsonwebtoken::{encode, EncodingKey, Header};
@@ -35,15 +33,7 @@ async fn start_routes(rest: &str, routes: &str) -> (Upstream, TestProxy) {
 }
 
 async fn send(proxy: &TestProxy, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
-    let mut c = h1(proxy.addr()).await;
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "api.test");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    send1(&mut c, req.body(full(&b"{}"[..])).unwrap()).await
+    send_with(proxy.addr(), method, path, headers, b"{}").await
 }
 
 /// Sends `n` requests and returns their statuses.
@@ -343,21 +333,7 @@ async fn a_request_refused_by_a_route_limit_is_logged_with_its_route() {
     );
     assert_eq!(get(run.addr, "/login").await.status, 200);
     assert_eq!(get(run.addr, "/login").await.status, 429);
-    let mut events = Vec::new();
-    for _ in 0..100 {
-        events = run
-            .logs
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["target"] == "tollgate::access")
-            .collect();
-        if events.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let events = run.access_events(2).await;
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[1]["status"], 429);
     assert_eq!(events[1]["route"], "login");

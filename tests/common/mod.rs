@@ -529,6 +529,26 @@ pub fn request(method: &str, path: &str, body: ClientBody) -> Request<ClientBody
         .unwrap()
 }
 
+/// One HTTP/1.1 request to host `api.test` with extra `headers`, on a
+/// fresh connection.
+pub async fn send_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> Got {
+    let mut c = h1(addr).await;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "api.test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send1(&mut c, req.body(full(body)).unwrap()).await
+}
+
 /// One HTTP/1.1 request on a fresh connection.
 pub async fn get(addr: SocketAddr, path: &str) -> Got {
     let mut s = h1(addr).await;

@@ -74,6 +74,27 @@ impl Running {
         }
     }
 
+    /// The access-log events logged so far, waiting (up to 5 s) until
+    /// there are at least `n`.
+    pub async fn access_events(&self, n: usize) -> Vec<serde_json::Value> {
+        let mut events = Vec::new();
+        for _ in 0..100 {
+            events = self
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|e| e["target"] == "tollgate::access")
+                .collect();
+            if events.len() >= n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        events
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
