@@ -98,14 +98,14 @@ pub async fn decide(
         .items
         .iter()
         .filter_map(|item| {
-            let (limit, cost) = match (item.origin, route) {
-                (Origin::Zone(z), _) => (&zones[z].limit, 1),
-                (Origin::Route(i), Some(r)) => (&r.limits[i].limit, r.limits[i].cost),
+            let (limit, cost, peek) = match (item.origin, route) {
+                (Origin::Zone(z), _) => (&zones[z].limit, 1, false),
+                (Origin::Route(i), Some(r)) => {
+                    let l = &r.limits[i];
+                    // Limits that count only some statuses are charged later.
+                    (&l.limit, l.cost, l.count_status.is_some())
+                }
                 (Origin::Route(_), None) => return None,
-            };
-            let peek = match (item.origin, route) {
-                (Origin::Route(i), Some(r)) => r.limits[i].count_status.is_some(),
-                _ => false,
             };
             Some(Check {
                 peek,
@@ -183,7 +183,7 @@ pub async fn decide(
 }
 
 /// The rejection by the limit `name` ("5 requests per 60s").
-pub fn rejected(
+fn rejected(
     name: &Arc<str>,
     what: &str,
     retry_ms: u64,
