@@ -96,6 +96,15 @@ pub struct ServerConfig {
     /// A client that sends no body bytes for this long gets 408 (nginx
     /// `client_body_timeout`).
     pub body_read_timeout: Duration,
+    /// After an answer sent before the request body was read, how long
+    /// tollgate goes on reading (and discarding) what the client still
+    /// sends before it closes, so the client reads the answer instead of a
+    /// reset (nginx `lingering_time`); 0 turns lingering off.
+    pub lingering_time: Duration,
+    /// ...and how long it waits for more of it each time (nginx
+    /// `lingering_timeout`); also the longest wait for each piece of a
+    /// small body discarded to keep the connection.
+    pub lingering_timeout: Duration,
 }
 
 #[derive(Debug)]

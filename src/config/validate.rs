@@ -80,6 +80,8 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
         h2_max_concurrent_streams: None,
         shutdown_grace: None,
         body_read_timeout: None,
+        lingering_time: None,
+        lingering_timeout: None,
     };
     let s = raw.server.as_ref().unwrap_or(&empty);
     let max_header_bytes = c.size("server.max_header_size", &s.max_header_size, 32 << 10);
@@ -123,6 +125,16 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             "server.body_read_timeout",
             &s.body_read_timeout,
             Duration::from_secs(60),
+        ),
+        lingering_time: c.duration(
+            "server.lingering_time",
+            &s.lingering_time,
+            Duration::from_secs(30),
+        ),
+        lingering_timeout: c.positive_duration(
+            "server.lingering_timeout",
+            &s.lingering_timeout,
+            Duration::from_secs(5),
         ),
     }
 }

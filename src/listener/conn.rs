@@ -2,23 +2,31 @@
 //! builder, so h2c prior knowledge works on plain listeners and ALPN `h2` on
 //! TLS ones), served until it ends, the server shuts down, or it sits idle.
 //!
+//! Every connection must complete its first request head within
+//! `server.header_read_timeout` of being accepted (after its TLS handshake)
+//! or it is closed: hyper-util's auto builder waits for the first bytes
+//! before hyper's own header timer starts, and an HTTP/2 client may send
+//! nothing but its preface and SETTINGS, so a silent socket would otherwise
+//! hold a connection slot for `idle_timeout`.
+//!
 //! The idle watchdog closes a connection that has had no request in flight
 //! for `server.idle_timeout`. For HTTP/1.1, hyper's header-read timer also
 //! runs while it waits for the next request head, so an idle keep-alive
 //! connection closes after the shorter of the two.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
-use crate::pipeline::{ConnInfo, Pipeline};
+use super::linger::Linger;
+use super::ListenerCtx;
+use crate::pipeline::ConnInfo;
 
 /// How long an idle connection may take to close gracefully.
 const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
@@ -30,6 +38,11 @@ pub struct ConnState {
     /// Milliseconds since `opened` of the last request start or finish.
     last_change_ms: AtomicU64,
     opened: Instant,
+    /// Whether a request head has arrived on this connection yet.
+    started: AtomicBool,
+    /// Close it lingering (see `linger`): an answer went out before the
+    /// request body was read.
+    linger: AtomicBool,
 }
 
 impl ConnState {
@@ -38,6 +51,8 @@ impl ConnState {
             in_flight: AtomicUsize::new(0),
             last_change_ms: AtomicU64::new(0),
             opened: Instant::now(),
+            started: AtomicBool::new(false),
+            linger: AtomicBool::new(false),
         }
     }
 
@@ -47,6 +62,7 @@ impl ConnState {
     }
 
     pub fn request_started(&self) {
+        self.started.store(true, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.touch();
     }
@@ -54,6 +70,16 @@ impl ConnState {
     pub fn request_finished(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.touch();
+    }
+
+    /// Asks for a lingering close: the client may still be sending a body
+    /// nobody will read.
+    pub fn linger_on_close(&self) {
+        self.linger.store(true, Ordering::Relaxed);
+    }
+
+    pub fn lingers(&self) -> bool {
+        self.linger.load(Ordering::Relaxed)
     }
 
     /// How long the connection has had nothing in flight; `None` while a
@@ -74,16 +100,15 @@ impl Default for ConnState {
 }
 
 /// Serves HTTP on an accepted (and, for TLS listeners, handshaken) stream.
-pub async fn serve<I>(
+pub(super) async fn serve<I>(
     io: I,
-    builder: &auto::Builder<TokioExecutor>,
-    pipeline: Arc<Pipeline>,
+    ctx: &ListenerCtx,
     info: Arc<ConnInfo>,
-    idle_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let (pipeline, idle_timeout) = (ctx.pipeline.clone(), ctx.idle_timeout);
     let state = info.state.clone();
     let peer = info.peer;
     let service = service_fn(move |req| {
@@ -91,8 +116,14 @@ pub async fn serve<I>(
         let info = info.clone();
         async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) }
     });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
+    let conn = ctx
+        .builder
+        .serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
+    let first_head = tokio::time::sleep(ctx.header_read_timeout);
+    tokio::pin!(first_head);
+    let mut awaiting_first = true;
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     let mut closing = false;
@@ -112,6 +143,13 @@ pub async fn serve<I>(
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
                 break;
+            }
+            () = &mut first_head, if awaiting_first => {
+                awaiting_first = false;
+                if !state.started.load(Ordering::Relaxed) {
+                    tracing::debug!(%peer, "no request head within header_read_timeout; closing");
+                    break;
+                }
             }
             () = &mut hard_close, if hard_close_armed => {
                 tracing::debug!(%peer, "idle connection did not close gracefully; dropping it");

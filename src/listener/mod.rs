@@ -7,6 +7,7 @@
 //! in-flight requests, and waits up to `server.shutdown_grace`.
 
 pub mod conn;
+pub mod linger;
 pub mod proxy_protocol;
 pub mod tls;
 
@@ -55,8 +56,11 @@ struct ListenerCtx {
     idle_timeout: Duration,
     /// Read a PROXY protocol header (from trusted peers only) first.
     proxy_protocol: bool,
-    /// Time allowed for that header.
-    proxy_header_timeout: Duration,
+    /// Time allowed for that header, and for the first request head.
+    header_read_timeout: Duration,
+    /// Bounds of a lingering close (see `linger`).
+    lingering_time: Duration,
+    lingering_timeout: Duration,
 }
 
 /// Why the server could not start.
@@ -163,7 +167,9 @@ impl Server {
                 pipeline: self.pipeline.clone(),
                 idle_timeout: self.server.idle_timeout,
                 proxy_protocol: b.proxy_protocol,
-                proxy_header_timeout: self.server.header_read_timeout,
+                header_read_timeout: self.server.header_read_timeout,
+                lingering_time: self.server.lingering_time,
+                lingering_timeout: self.server.lingering_timeout,
             });
             accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
         }
@@ -269,7 +275,7 @@ async fn connection(
     }
     let mut stream = BufReader::with_capacity(536, tcp);
     let source = tokio::time::timeout(
-        ctx.proxy_header_timeout,
+        ctx.header_read_timeout,
         proxy_protocol::read_header(&mut stream),
     )
     .await;
@@ -299,14 +305,11 @@ async fn serve_stream<I>(
         tls: ctx.tls.is_some(),
         state: Arc::new(ConnState::new()),
     });
-    let pipeline = ctx.pipeline.clone();
     match &ctx.tls {
-        None => conn::serve(io, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await,
+        None => conn::serve(io, &ctx, info, stop).await,
         Some((acceptor, handshake_timeout)) => {
             match tokio::time::timeout(*handshake_timeout, acceptor.accept(io)).await {
-                Ok(Ok(tls)) => {
-                    conn::serve(tls, &ctx.builder, pipeline, info, ctx.idle_timeout, stop).await
-                }
+                Ok(Ok(tls)) => conn::serve(tls, &ctx, info, stop).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }

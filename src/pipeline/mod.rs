@@ -23,7 +23,9 @@ pub mod bypass;
 pub mod client_ip;
 pub mod ctx;
 pub mod decide;
+pub mod discard;
 pub mod forward;
+pub mod host;
 pub mod identity;
 pub mod key;
 pub mod limits;
@@ -41,9 +43,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::HOST;
+use http::header::EXPECT;
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use self::body::ProxyBody;
@@ -67,6 +69,8 @@ pub struct Pipeline {
     max_header_bytes: usize,
     max_headers: usize,
     body_read_timeout: std::time::Duration,
+    /// How long to wait for each piece of an unread body being discarded.
+    lingering_timeout: std::time::Duration,
     access_log: bool,
     /// Trusted proxies, forwarding headers and key prefixes.
     client_ip: ClientIpConfig,
@@ -105,6 +109,7 @@ impl Pipeline {
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
             body_read_timeout: config.server.body_read_timeout,
+            lingering_timeout: config.server.lingering_timeout,
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
@@ -161,7 +166,15 @@ impl Pipeline {
             resolved,
             RequestEnd::new(started, record, conn.state.clone()),
         );
-        let mut resp = match self.serve(req, conn, &mut cx).await {
+        let version = req.version();
+        let expects_continue = req.headers().contains_key(EXPECT);
+        // The body travels apart: one nobody forwards is discarded below.
+        let (parts, body) = req.into_parts();
+        let mut body = Some(body);
+        let served = self
+            .serve(Request::from_parts(parts, ()), &mut body, conn, &mut cx)
+            .await;
+        let mut resp = match served {
             Ok(resp) => resp,
             Err(Stop::Limited(rejection)) => {
                 tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
@@ -178,6 +191,17 @@ impl Pipeline {
                 response::problem(&err)
             }
         };
+        if let Some(body) = body {
+            let wait = self.lingering_timeout;
+            discard::settle(
+                body,
+                &mut resp,
+                version,
+                expects_continue,
+                &conn.state,
+                wait,
+            );
+        }
         cx.end.set_status(resp.status());
         resp.body_mut().set_end(cx.end);
         resp
@@ -186,18 +210,16 @@ impl Pipeline {
     /// The inner handler: the stages in request order.
     async fn serve<'p>(
         &'p self,
-        mut req: Request<Incoming>,
+        mut req: Request<()>,
+        body: &mut Option<Incoming>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
     ) -> Result<Response<ProxyBody>, Stop> {
         self.check_headers(req.headers())?;
         normalize_path(&mut req)?;
-        let found = route::find(
-            &self.routes,
-            request_host(&req)?,
-            req.uri().path(),
-            req.method(),
-        );
+        host::resolve(&mut req)?;
+        let host = host::for_routing(req.headers());
+        let found = route::find(&self.routes, host, req.uri().path(), req.method());
         if let RouteMatch::Found(r) = found {
             cx.route = Some(r);
             cx.end.set_route(&r.name);
@@ -236,7 +258,7 @@ impl Pipeline {
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
                 cx.end.set_upstream(&upstream.name);
-                proxy::forward(cx, req, conn, upstream, route, self.body_read_timeout).await?
+                proxy::forward(cx, req, body, conn, upstream, route, self.body_read_timeout).await?
             }
         };
         if !cx.deferred.is_empty() {
@@ -269,33 +291,13 @@ impl Pipeline {
 
 /// One spelling per path before anything matches or counts on it; the
 /// normalised path is also what the upstream receives.
-fn normalize_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
+fn normalize_path<B>(req: &mut Request<B>) -> Result<(), ProxyError> {
     if let Cow::Owned(path) =
         normalize::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
     {
         *req.uri_mut() = with_path(req.uri(), &path)?;
     }
     Ok(())
-}
-
-/// The host the request is for: the URI authority (HTTP/2, absolute-form)
-/// or the `Host` header, without port. HTTP/1.1 requires one.
-fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, ProxyError> {
-    if let Some(h) = req.uri().host() {
-        return Ok(Some(h));
-    }
-    match req.headers().get(HOST) {
-        Some(v) => match v.to_str() {
-            Ok(s) if !s.is_empty() => Ok(Some(route::strip_port(s))),
-            _ => Err(ProxyError::BadRequest(
-                "the Host header is not a valid host",
-            )),
-        },
-        None if req.version() == Version::HTTP_11 => Err(ProxyError::BadRequest(
-            "HTTP/1.1 requests need a Host header",
-        )),
-        None => Ok(None),
-    }
 }
 
 /// `uri` with its path replaced by `path` (the query is kept).

@@ -23,9 +23,12 @@ use crate::config::{HostHeader, RouteConfig};
 use crate::error::ProxyError;
 
 /// Forwards `req` to `upstream` and returns the response to relay.
+/// `body` is taken once the request is accepted for forwarding; a request
+/// refused before (a 413 by its length) leaves it to be discarded.
 pub async fn forward(
     cx: &mut Ctx<'_>,
-    mut req: Request<Incoming>,
+    mut req: Request<()>,
+    body: &mut Option<Incoming>,
     conn: &ConnInfo,
     upstream: &Upstream,
     route: &RouteConfig,
@@ -44,7 +47,12 @@ pub async fn forward(
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-    let (mut parts, body) = req.into_parts();
+    let Some(body) = body.take() else {
+        return Err(ProxyError::BadRequest(
+            "the request body was already consumed",
+        ));
+    };
+    let (mut parts, ()) = req.into_parts();
     let host = parts.headers.get(HOST).cloned().or_else(|| {
         parts
             .uri

@@ -79,19 +79,6 @@ fn path_matches(want: &PathMatch, path: &str, case_insensitive: bool) -> bool {
     }
 }
 
-/// The host of a request without its port: `Host: API.example.com:8443`
-/// gives `API.example.com`; `[::1]:80` gives `[::1]`.
-pub fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
-    }
-    match host.rfind(':') {
-        Some(i) => &host[..i],
-        None => host,
-    }
-    .trim_end_matches('.')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,13 +138,5 @@ mod tests {
         assert_eq!(name(find(&r, None, "/login", &Method::POST)), "post");
         assert_eq!(name(find(&r, None, "/login", &Method::GET)), "405 POST");
         assert_eq!(name(find(&r, None, "/nope", &Method::GET)), "404");
-    }
-
-    #[test]
-    fn ports_are_stripped_from_hosts() {
-        assert_eq!(strip_port("api.example.com:8443"), "api.example.com");
-        assert_eq!(strip_port("api.example.com."), "api.example.com");
-        assert_eq!(strip_port("[::1]:80"), "[::1]");
-        assert_eq!(strip_port("localhost"), "localhost");
     }
 }

@@ -1,0 +1,73 @@
+//! What becomes of a request body the pipeline did not forward (a
+//! rejection, an error such as a 413, a `respond` route), over HTTP/1.x.
+//! hyper drops such a body and closes the connection, often without saying
+//! so, and the client's next request on it fails. nginx discards the body
+//! instead and keeps the connection; so does tollgate, within bounds:
+//!
+//! - a body of at most [`DISCARD_BYTES`] (or of unknown length) is read and
+//!   thrown away after the answer is sent, each piece within
+//!   `server.lingering_timeout`; the connection stays open;
+//! - a larger body, a body the client only sends after `100 Continue`, or
+//!   one that outgrows the bound or stalls: the answer says
+//!   `Connection: close` where it still can, and the connection closes
+//!   lingering (see `listener::linger`), so the client reads the answer
+//!   instead of a reset.
+//!
+//! Over HTTP/2 an unread body only resets its own stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderValue, CONNECTION};
+use http::{Response, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::body::ProxyBody;
+use crate::listener::conn::ConnState;
+
+/// The largest unread body discarded to keep a connection open.
+pub const DISCARD_BYTES: u64 = 64 << 10;
+
+/// Settles `body`, which nobody read, for the response `resp`.
+pub fn settle(
+    body: Incoming,
+    resp: &mut Response<ProxyBody>,
+    version: Version,
+    expects_continue: bool,
+    conn: &Arc<ConnState>,
+    wait: Duration,
+) {
+    if version >= Version::HTTP_2 || body.is_end_stream() {
+        return;
+    }
+    let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
+    if small && !expects_continue {
+        tokio::spawn(drain(body, conn.clone(), wait));
+        return;
+    }
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    conn.linger_on_close();
+}
+
+/// Reads `body` to its end and throws it away, or gives up (and lets the
+/// connection close, lingering) past the bounds.
+async fn drain(mut body: Incoming, conn: Arc<ConnState>, wait: Duration) {
+    let mut read = 0u64;
+    loop {
+        match tokio::time::timeout(wait, body.frame()).await {
+            Ok(None) => return,
+            Ok(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if read > DISCARD_BYTES {
+                    break;
+                }
+            }
+            Ok(Some(Err(_))) => return,
+            Err(_) => break,
+        }
+    }
+    conn.linger_on_close();
+}

@@ -1,0 +1,236 @@
+//! Strict request framing and connections that cost an attacker more than
+//! they cost tollgate: one validated Host used throughout, a first request
+//! head within `header_read_timeout` or the connection closes, an early
+//! answer the client can read (lingering close), and a refused POST that
+//! keeps its keep-alive connection.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A forwarding route for host `a.test`, everything else answered by
+/// tollgate itself.
+async fn hosts_proxy(up: &Upstream) -> TestProxy {
+    TestProxy::spawn(&config(&format!(
+        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ host: a.test, path_prefix: / }}, upstream: api }}\n  - {{ match: {{ path_prefix: / }}, respond: {{ body: other }} }}\n",
+        up.addr
+    )))
+    .await
+}
+
+/// The status line and the body of a raw HTTP/1.1 response.
+fn split(resp: &str) -> (&str, &str) {
+    let status = resp.lines().next().unwrap_or("");
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body)
+}
+
+#[tokio::test]
+async fn ambiguous_hosts_are_refused_with_a_problem_body() {
+    let up = Upstream::spawn().await;
+    let proxy = hosts_proxy(&up).await;
+    for host_lines in [
+        "Host: a.test\r\nHost: b.test\r\n",
+        "Host: a b.test\r\n",
+        "Host: a.test, b.test\r\n",
+        "Host: evil/../x@y\r\n",
+        "Host: a.test:99999\r\n",
+    ] {
+        let req = format!("GET / HTTP/1.1\r\n{host_lines}Connection: close\r\n\r\n");
+        let resp = raw(proxy.addr(), req.as_bytes(), Duration::from_secs(5)).await;
+        let (status, body) = split(&resp);
+        assert!(status.starts_with("HTTP/1.1 400"), "{host_lines:?}: {resp}");
+        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["status"], 400, "{host_lines:?}");
+    }
+    assert_eq!(up.hits(), 0, "none of them reached the upstream");
+}
+
+#[tokio::test]
+async fn the_request_targets_authority_is_the_one_host() {
+    let up = Upstream::spawn().await;
+    let proxy = hosts_proxy(&up).await;
+    let resp = raw(
+        proxy.addr(),
+        b"GET http://a.test/abs HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let (status, body) = split(&resp);
+    assert!(status.starts_with("HTTP/1.1 200"), "{resp}");
+    let seen: serde_json::Value = serde_json::from_str(body).expect("routed on a.test, forwarded");
+    assert_eq!(seen["headers"]["host"], "a.test");
+    assert_eq!(seen["headers"]["x-forwarded-host"], "a.test");
+    assert_eq!(seen["uri"], "/abs", "origin-form upstream");
+
+    // HTTP/2: :authority and a different host header are refused.
+    let mut c = h2(proxy.addr()).await;
+    let req = http::Request::get("http://a.test/x")
+        .header("host", "b.test")
+        .body(empty())
+        .unwrap();
+    let got = collect(c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.json()["status"], 400);
+    let req = http::Request::get("http://a.test/x").body(empty()).unwrap();
+    let got = collect(c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.seen_header("host").as_deref(), Some("a.test"));
+    assert_eq!(up.hits(), 2);
+}
+
+/// Waits (at most `limit`) for the server to close the connection.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn a_connection_without_a_request_head_is_closed_after_header_read_timeout() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("api", &["api.example.com"]);
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&format!(
+        "listeners:\n  - {{ name: plain, bind: '127.0.0.1:0' }}\n  - {{ name: tls, bind: '127.0.0.1:0', tls: {{ certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}\nadmin: {{ enabled: false }}\nlog: {{ access_log: false }}\nserver: {{ header_read_timeout: 1s, idle_timeout: 60s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ))
+    .await;
+    // Far below idle_timeout (60 s), well above header_read_timeout (1 s).
+    let limit = Duration::from_secs(15);
+
+    let mut silent = TcpStream::connect(proxy.addr_of("plain")).await.unwrap();
+    assert!(closed_within(&mut silent, limit).await, "silent TCP");
+
+    let mut h2c = TcpStream::connect(proxy.addr_of("plain")).await.unwrap();
+    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut h2c, limit).await,
+        "h2c preface + SETTINGS"
+    );
+
+    let mut tls = tls_connect(
+        proxy.addr_of("tls"),
+        ca.client_config(&[b"http/1.1"]),
+        "api.example.com",
+    )
+    .await;
+    assert!(
+        closed_within(&mut tls, limit).await,
+        "TLS, silent after the handshake"
+    );
+
+    // A connection that sends its request is served as before.
+    assert_eq!(get(proxy.addr_of("plain"), "/").await.status, 200);
+}
+
+/// Reads one HTTP/1.1 response (head and a `Content-Length` body).
+async fn read_response(s: &mut TcpStream) -> String {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if data.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&data[..end + 4 + len]).into_owned();
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .expect("the connection is still open");
+        assert!(
+            n > 0,
+            "closed before a whole response: {}",
+            String::from_utf8_lossy(&data)
+        );
+        data.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[tokio::test]
+async fn a_refused_post_keeps_its_keep_alive_connection() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&config(&format!(
+        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
+        up.addr
+    )))
+    .await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        // The body arrives in a second write, after the head was answered.
+        s.write_all(b"POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 11\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        s.write_all(b"hello world").await.unwrap();
+        let resp = read_response(&mut s).await;
+        assert!(!resp.to_lowercase().contains("connection: close"), "{resp}");
+        statuses.push(resp[9..12].to_owned());
+    }
+    assert_eq!(statuses, ["200", "429", "429", "429"]);
+    assert_eq!(up.hits(), 1);
+
+    // A large refused body: the answer says it closes, and is readable.
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1000000\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_response(&mut s).await;
+    assert!(resp.starts_with("HTTP/1.1 429"), "{resp}");
+    assert!(resp.to_lowercase().contains("connection: close"), "{resp}");
+}
+
+#[tokio::test]
+async fn an_upload_refused_with_413_is_read_by_the_client() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&config(&format!(
+        "server: {{ max_body_size: 1KB }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    )))
+    .await;
+    // Like curl or Python's http.client: the whole body is written before
+    // the response is read. 8 MB is more than the socket buffers hold.
+    let len = 8 << 20;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(
+        format!("PUT /upload HTTP/1.1\r\nHost: a.test\r\nContent-Length: {len}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let chunk = vec![b'x'; 64 << 10];
+    let mut written = 0;
+    let write = tokio::time::timeout(Duration::from_secs(20), async {
+        while written < len {
+            s.write_all(&chunk).await?;
+            written += chunk.len();
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await
+    .expect("the upload is read (and discarded), not stalled");
+    assert!(write.is_ok(), "the upload was cut off: {write:?}");
+    let resp = read_response(&mut s).await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    assert!(resp.contains("application/problem+json"), "{resp}");
+    assert_eq!(up.hits(), 0);
+}
