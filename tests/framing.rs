@@ -234,3 +234,141 @@ async fn an_upload_refused_with_413_is_read_by_the_client() {
     assert!(resp.contains("application/problem+json"), "{resp}");
     assert_eq!(up.hits(), 0);
 }
+
+/// An upstream that records every byte it receives and answers each
+/// connection's first request with a 200, then closes it.
+struct Recorder {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Recorder {
+    async fn spawn() -> Recorder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let sink = sink.clone();
+                tokio::spawn(async move {
+                    let mut data = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let mut answered = false;
+                    // Reads until the peer goes quiet for 200 ms after the
+                    // request is complete, so trailing bytes are recorded too.
+                    while let Ok(Ok(n)) =
+                        tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await
+                    {
+                        if n == 0 {
+                            break;
+                        }
+                        data.extend_from_slice(&buf[..n]);
+                        if !answered && request_complete(&data) {
+                            answered = true;
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                                .await;
+                        }
+                    }
+                    sink.lock().unwrap().extend_from_slice(&data);
+                });
+            }
+        });
+        Recorder { addr, seen }
+    }
+
+    fn take(&self) -> String {
+        String::from_utf8_lossy(&std::mem::take(&mut *self.seen.lock().unwrap())).into_owned()
+    }
+}
+
+/// Whether `data` holds a whole request: its head, and a body by
+/// `Content-Length` or chunked to its last chunk.
+fn request_complete(data: &[u8]) -> bool {
+    let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
+    let body = &data[end + 4..];
+    if head.contains("transfer-encoding: chunked") {
+        return body.windows(5).any(|w| w == b"0\r\n\r\n");
+    }
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    body.len() >= len
+}
+
+#[tokio::test]
+async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
+    let rec = Recorder::spawn().await;
+    let proxy = TestProxy::spawn(&forward_all(&format!("'{}'", rec.addr), "", "")).await;
+    let h = "Host: a.test\r\nConnection: close\r\n";
+    let cases: Vec<(&str, String)> = vec![
+        ("TE and CL", format!("POST / HTTP/1.1\r\n{h}Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX")),
+        ("TE chunked, identity", format!("POST / HTTP/1.1\r\n{h}Transfer-Encoding: chunked, identity\r\n\r\n5\r\nhello\r\n0\r\n\r\n")),
+        ("TE with a leading space", format!("POST / HTTP/1.1\r\n{h}Transfer-Encoding:  chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")),
+        ("TE xchunked", format!("POST / HTTP/1.1\r\n{h}Transfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")),
+        ("bad chunk size", format!("POST / HTTP/1.1\r\n{h}Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")),
+        ("chunk size overflow", format!("POST / HTTP/1.1\r\n{h}Transfer-Encoding: chunked\r\n\r\nfffffffffffffffff1\r\nhello\r\n0\r\n\r\n")),
+        ("bare LF", "GET / HTTP/1.1\nHost: a.test\nConnection: close\n\n".to_owned()),
+        ("NUL in a header", format!("GET / HTTP/1.1\r\n{h}X-A: a\0b\r\n\r\n")),
+        ("obs-fold", format!("GET / HTTP/1.1\r\n{h}X-A: a\r\n b\r\n\r\n")),
+        ("CL with a sign", format!("POST / HTTP/1.1\r\n{h}Content-Length: +5\r\n\r\nhello")),
+        ("CL with a space inside", format!("POST / HTTP/1.1\r\n{h}Content-Length: 1 2\r\n\r\nhello")),
+        ("two different CLs", format!("POST / HTTP/1.1\r\n{h}Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")),
+        ("space before the colon", "GET / HTTP/1.1\r\nHost : a.test\r\nConnection: close\r\n\r\n".to_owned()),
+        ("a second request after the body", format!("POST / HTTP/1.1\r\n{h}Content-Length: 5\r\n\r\nhelloGET /admin HTTP/1.1\r\nHost: a.test\r\n\r\n")),
+    ];
+    let mut outcomes = Vec::new();
+    for (name, req) in &cases {
+        let resp = raw(proxy.addr(), req.as_bytes(), Duration::from_secs(5)).await;
+        // Let the recorder see the upstream side go quiet.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let seen = rec.take();
+        let status = resp.get(9..12).unwrap_or("---").to_owned();
+        let requests = seen.matches(" HTTP/1.1\r\n").count();
+        match status.as_str() {
+            "400" => assert_eq!(seen, "", "{name}: refused, yet the upstream saw bytes"),
+            "200" => {
+                assert_eq!(requests, 1, "{name}: exactly one request upstream:\n{seen}");
+                let head = seen.split("\r\n\r\n").next().unwrap().to_lowercase();
+                assert!(
+                    !(head.contains("content-length") && head.contains("transfer-encoding")),
+                    "{name}: ambiguous framing upstream:\n{seen}"
+                );
+                assert!(!seen.contains("/admin"), "{name}: smuggled:\n{seen}");
+            }
+            other => panic!("{name}: unexpected answer {other}:\n{resp}"),
+        }
+        outcomes.push(format!("{name}: {status}"));
+    }
+    // What each case gets today; a change here must be a decision. The
+    // four that pass are unambiguous: with both TE and CL the body is
+    // decoded as chunked and the upstream sees chunked only (RFC 9112
+    // §6.3); spaces around a value are optional whitespace; a bare LF may
+    // end a line (§2.2) and the upstream gets CRLF; bytes after a
+    // `Connection: close` request are never read as a request.
+    assert_eq!(
+        outcomes,
+        [
+            "TE and CL: 200",
+            "TE chunked, identity: 400",
+            "TE with a leading space: 200",
+            "TE xchunked: 400",
+            "bad chunk size: 400",
+            "chunk size overflow: 400",
+            "bare LF: 200",
+            "NUL in a header: 400",
+            "obs-fold: 400",
+            "CL with a sign: 400",
+            "CL with a space inside: 400",
+            "two different CLs: 400",
+            "space before the colon: 400",
+            "a second request after the body: 200",
+        ]
+    );
+}
