@@ -372,3 +372,82 @@ async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
         ]
     );
 }
+
+#[tokio::test]
+async fn at_max_connections_new_clients_wait_until_idle_hogs_are_closed() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&forward_all(
+        &format!("'{}'", up.addr),
+        "",
+        "server: { max_connections: 100, idle_timeout: 2s }",
+    ))
+    .await;
+    // One client takes every slot with keep-alive connections that each
+    // made a request and then sit idle.
+    let mut hogs = Vec::new();
+    for _ in 0..100 {
+        let mut c = h1(proxy.addr()).await;
+        assert_eq!(
+            send1(&mut c, request("GET", "/", empty())).await.status,
+            200
+        );
+        hogs.push(c);
+    }
+    // A newcomer waits in the listen backlog, and is served once the idle
+    // connections are closed (idle_timeout, far within this bound).
+    let got = tokio::time::timeout(Duration::from_secs(20), get(proxy.addr(), "/"))
+        .await
+        .expect("served once idle connections free their slots");
+    assert_eq!(got.status, 200);
+    // Every hog was closed by the idle watchdog, not just the first.
+    for _ in 0..100 {
+        if hogs.iter().all(|h| h.is_closed()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let open = hogs.iter().filter(|h| !h.is_closed()).count();
+    assert_eq!(open, 0, "idle keep-alive connections still open");
+}
+
+#[tokio::test]
+async fn request_heads_over_twice_the_limit_get_the_parsers_bare_431() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&forward_all(
+        &format!("'{}'", up.addr),
+        "",
+        "server: { max_header_size: 32KB }",
+    ))
+    .await;
+    let head = |size: usize| {
+        format!(
+            "GET / HTTP/1.1\r\nHost: a.test\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+            "a".repeat(size)
+        )
+    };
+    // Over the limit: tollgate's 431 problem body.
+    let resp = raw(
+        proxy.addr(),
+        head(40 << 10).as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let (status, body) = split(&resp);
+    assert!(status.starts_with("HTTP/1.1 431"), "{status}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(body).unwrap()["status"],
+        431
+    );
+    // Over twice the limit (at least 64 KiB), hyper's parser refuses the
+    // head before tollgate sees it: a 431 without a body, as the README says.
+    let resp = raw(
+        proxy.addr(),
+        head(80 << 10).as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let (status, body) = split(&resp);
+    assert!(status.starts_with("HTTP/1.1 431"), "{status}");
+    assert_eq!(body, "");
+    assert_eq!(up.hits(), 0);
+}

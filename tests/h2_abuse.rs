@@ -1,0 +1,265 @@
+//! HTTP/2 abuse, spoken frame by frame on a raw socket: rapid reset
+//! (CVE-2023-44487), a CONTINUATION flood, SETTINGS and PING floods from a
+//! peer that never reads, and more streams than allowed. Each is cut off
+//! (GOAWAY, a refused stream, or the connection closed) within its stated
+//! bound, and other clients are served all along.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const REFUSED_STREAM: u32 = 0x7;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK block for `GET <path>` to host a.test (static-table names, no
+/// Huffman).
+fn get_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x82, 0x86]; // :method GET, :scheme http
+    b.push(0x04); // :path, literal without indexing, name index 4
+    b.push(path.len() as u8);
+    b.extend_from_slice(path.as_bytes());
+    b.push(0x01); // :authority, name index 1
+    b.push(6);
+    b.extend_from_slice(b"a.test");
+    b
+}
+
+/// A raw HTTP/2 connection past its preface and SETTINGS.
+async fn h2_raw(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s
+}
+
+/// What the server sent, frame by frame, until it closes or `limit` passes.
+#[derive(Debug, Default)]
+struct Seen {
+    goaway: bool,
+    refused: usize,
+    closed: bool,
+    frames: usize,
+}
+
+async fn read_frames(mut r: tokio::net::tcp::OwnedReadHalf, limit: Duration) -> Seen {
+    let mut seen = Seen::default();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        while buf.len() >= 9 {
+            let len = (buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize;
+            if buf.len() < 9 + len {
+                break;
+            }
+            seen.frames += 1;
+            match buf[3] {
+                GOAWAY => seen.goaway = true,
+                RST_STREAM if len == 4 => {
+                    let code = u32::from_be_bytes([buf[9], buf[10], buf[11], buf[12]]);
+                    if code == REFUSED_STREAM {
+                        seen.refused += 1;
+                    }
+                }
+                _ => {}
+            }
+            buf.drain(..9 + len);
+        }
+        match tokio::time::timeout_at(deadline, r.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                seen.closed = true;
+                return seen;
+            }
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => return seen,
+        }
+    }
+}
+
+async fn proxy_with(up: &Upstream, server: &str) -> TestProxy {
+    TestProxy::spawn(&config(&format!(
+        "server: {{ {server} }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    )))
+    .await
+}
+
+/// Another client, on its own connection, is answered.
+async fn others_are_served(proxy: &TestProxy) {
+    let got = tokio::time::timeout(Duration::from_secs(10), get(proxy.addr(), "/ok"))
+        .await
+        .expect("another client is answered in time");
+    assert_eq!(got.status, 200);
+}
+
+#[tokio::test]
+async fn rapid_reset_is_cut_off_with_goaway() {
+    let up = Upstream::spawn().await;
+    let proxy = proxy_with(&up, "").await;
+    let (r, mut w) = h2_raw(proxy.addr()).await.into_split();
+    let reader = tokio::spawn(read_frames(r, Duration::from_secs(20)));
+    // Open and cancel streams in a loop: at most 10,000 pairs, or until
+    // the server stops taking them.
+    let mut sent = 0u32;
+    for i in 0..10_000u32 {
+        let id = 2 * i + 1;
+        let mut pair = frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            id,
+            &get_block("/slow?ms=100"),
+        );
+        pair.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes())); // CANCEL
+        if w.write_all(&pair).await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    let seen = reader.await.unwrap();
+    assert!(seen.goaway || seen.closed, "sent {sent} pairs; {seen:?}");
+    assert!(
+        up.hits() < sent as usize,
+        "not every cancelled stream reached the upstream ({} of {sent})",
+        up.hits()
+    );
+    others_are_served(&proxy).await;
+}
+
+#[tokio::test]
+async fn a_continuation_flood_is_cut_off() {
+    let up = Upstream::spawn().await;
+    let proxy = proxy_with(&up, "max_header_size: 8KB").await;
+    let (r, mut w) = h2_raw(proxy.addr()).await.into_split();
+    let reader = tokio::spawn(read_frames(r, Duration::from_secs(20)));
+    w.write_all(&frame(HEADERS, END_STREAM, 1, &get_block("/")))
+        .await
+        .unwrap();
+    // Headers that never end: up to 4,096 CONTINUATION frames of 16 KB of
+    // literal header fields (64 MB), far over the 16 KB header limit.
+    // A literal with a new name: length 254 is the 7-bit prefix (127)
+    // plus 127 in one more byte.
+    let mut field = vec![0x00, 0x7f, 0x7f];
+    field.extend(std::iter::repeat_n(b'x', 254));
+    field.extend([0x7f, 0x7f]);
+    field.extend(std::iter::repeat_n(b'y', 254));
+    let mut block = Vec::new();
+    while block.len() + field.len() <= 16384 {
+        block.extend_from_slice(&field);
+    }
+    let cont = frame(CONTINUATION, 0, 1, &block);
+    let mut sent = 0;
+    for _ in 0..4096 {
+        match tokio::time::timeout(Duration::from_secs(5), w.write_all(&cont)).await {
+            Ok(Ok(())) => sent += 1,
+            _ => break,
+        }
+    }
+    let seen = reader.await.unwrap();
+    assert!(
+        seen.goaway || seen.closed,
+        "sent {sent} CONTINUATION frames; {seen:?}"
+    );
+    assert!(sent < 4096, "the server stopped reading the flood");
+    assert_eq!(up.hits(), 0, "no request came of it");
+    others_are_served(&proxy).await;
+}
+
+#[tokio::test]
+async fn settings_and_ping_floods_from_a_peer_that_never_reads_are_bounded() {
+    let up = Upstream::spawn().await;
+    // An idle connection (nothing in flight) closes after idle_timeout.
+    let proxy = proxy_with(&up, "idle_timeout: 2s").await;
+    for (name, f) in [
+        ("SETTINGS", frame(SETTINGS, 0, 0, &[])),
+        ("PING", frame(PING, 0, 0, &[7; 8])),
+    ] {
+        let s = h2_raw(proxy.addr()).await;
+        let (r, mut w) = s.into_split();
+        // Never read: the server's acknowledgements pile up on its side.
+        let mut batch = Vec::new();
+        for _ in 0..1000 {
+            batch.extend_from_slice(&f);
+        }
+        let mut sent = 0;
+        for _ in 0..1000 {
+            match tokio::time::timeout(Duration::from_secs(2), w.write_all(&batch)).await {
+                Ok(Ok(())) => sent += 1000,
+                _ => break,
+            }
+        }
+        others_are_served(&proxy).await;
+        // Now read: the server ended the connection (a GOAWAY for the
+        // flood, or the idle close) instead of keeping it forever.
+        let seen = read_frames(r, Duration::from_secs(30)).await;
+        assert!(seen.closed, "{name}: sent {sent} frames; {seen:?}");
+    }
+}
+
+#[tokio::test]
+async fn streams_beyond_the_limit_are_refused() {
+    let up = Upstream::spawn().await;
+    let proxy = proxy_with(&up, "h2_max_concurrent_streams: 16").await;
+    let (r, mut w) = h2_raw(proxy.addr()).await.into_split();
+    let reader = tokio::spawn(read_frames(r, Duration::from_secs(8)));
+    // Acknowledge the server's SETTINGS (so its limit applies), then open
+    // 40 streams at once, each waiting 2 s on the upstream.
+    let mut all = frame(SETTINGS, 0x1, 0, &[]);
+    for i in 0..40u32 {
+        let block = get_block("/slow?ms=2000");
+        all.extend(frame(HEADERS, END_STREAM | END_HEADERS, 2 * i + 1, &block));
+    }
+    w.write_all(&all).await.unwrap();
+    let seen = reader.await.unwrap();
+    assert!(seen.refused >= 24 || seen.goaway, "{seen:?}");
+    assert!(
+        up.hits() <= 16,
+        "at most 16 at once reached the upstream: {}",
+        up.hits()
+    );
+    others_are_served(&proxy).await;
+}
+
+#[tokio::test]
+async fn header_blocks_over_twice_the_limit_are_refused_by_the_h2_layer() {
+    let up = Upstream::spawn().await;
+    let proxy = proxy_with(&up, "max_header_size: 8KB").await;
+    let mut c = h2(proxy.addr()).await;
+    // Between the limit and twice it: tollgate's own 431 problem body.
+    let req = http::Request::get("http://a.test/")
+        .header("x-big", "a".repeat(10 << 10))
+        .body(empty())
+        .unwrap();
+    let got = collect(c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 431);
+    assert_eq!(got.json()["status"], 431);
+    // Over twice it (the h2 layer's max_header_list_size): refused by the
+    // h2 layer before tollgate sees the request, as the README states.
+    let req = http::Request::get("http://a.test/")
+        .header("x-big", "a".repeat(20 << 10))
+        .body(empty())
+        .unwrap();
+    let got = collect(c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 431);
+    assert!(got.body.is_empty(), "the h2 layer's answer has no body");
+    assert_eq!(up.hits(), 0);
+}
