@@ -21,38 +21,40 @@ use crate::error::ProxyError;
 /// (none for an HTTP/1.0 request without one).
 pub fn resolve<B>(req: &mut Request<B>) -> Result<(), ProxyError> {
     let mut headers = req.headers().get_all(HOST).iter();
-    let header = headers.next().cloned();
+    let header = headers.next();
     if headers.next().is_some() {
         return Err(ProxyError::BadRequest(
             "the request has more than one Host header",
         ));
     }
-    let chosen = match (req.uri().authority(), header) {
-        (Some(authority), header) => {
-            let a = authority.as_str();
-            if req.version() == Version::HTTP_2
-                && header.is_some_and(|h| !h.as_bytes().eq_ignore_ascii_case(a.as_bytes()))
-            {
-                return Err(ProxyError::BadRequest(
-                    "the :authority and Host of the request disagree",
-                ));
-            }
-            HeaderValue::from_str(a)
-                .map_err(|_| ProxyError::BadRequest("the request target's host is not valid"))?
-        }
-        (None, Some(h)) => h,
-        (None, None) if req.version() == Version::HTTP_11 => {
-            return Err(ProxyError::BadRequest(
+    let Some(authority) = req.uri().authority() else {
+        // The common case: one Host header, kept as it is once checked.
+        return match header {
+            Some(h) if is_host(h.as_bytes()) => Ok(()),
+            Some(_) => Err(ProxyError::BadRequest(
+                "the Host header is not a valid host",
+            )),
+            None if req.version() == Version::HTTP_11 => Err(ProxyError::BadRequest(
                 "HTTP/1.1 requests need a Host header",
-            ))
-        }
-        (None, None) => return Ok(()),
+            )),
+            None => Ok(()),
+        };
     };
-    if !is_host(chosen.as_bytes()) {
+    let a = authority.as_str();
+    if req.version() == Version::HTTP_2
+        && header.is_some_and(|h| !h.as_bytes().eq_ignore_ascii_case(a.as_bytes()))
+    {
         return Err(ProxyError::BadRequest(
-            "the Host header is not a valid host",
+            "the :authority and Host of the request disagree",
         ));
     }
+    if !is_host(a.as_bytes()) {
+        return Err(ProxyError::BadRequest(
+            "the request target's host is not a valid host",
+        ));
+    }
+    let chosen = HeaderValue::from_str(a)
+        .map_err(|_| ProxyError::BadRequest("the request target's host is not a valid host"))?;
     req.headers_mut().insert(HOST, chosen);
     Ok(())
 }
