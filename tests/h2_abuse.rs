@@ -263,3 +263,42 @@ async fn header_blocks_over_twice_the_limit_are_refused_by_the_h2_layer() {
     assert!(got.body.is_empty(), "the h2 layer's answer has no body");
     assert_eq!(up.hits(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_leave_the_process_memory_flat() {
+    let up = Upstream::spawn().await;
+    let run = common::process::Running::start(&format!(
+        "server: {{ max_header_size: 8KB, idle_timeout: 2s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ));
+    let before = run.peak_rss_kib();
+    // A 64 MB CONTINUATION flood on each of 4 connections at once.
+    let floods: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = run.addr;
+            tokio::spawn(async move {
+                let (_r, mut w) = h2_raw(addr).await.into_split();
+                let _ = w
+                    .write_all(&frame(HEADERS, END_STREAM, 1, &get_block("/")))
+                    .await;
+                let cont = frame(CONTINUATION, 0, 1, &vec![0x40; 16384]);
+                for _ in 0..4096 {
+                    match tokio::time::timeout(Duration::from_secs(5), w.write_all(&cont)).await {
+                        Ok(Ok(())) => {}
+                        _ => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    for f in floods {
+        f.await.unwrap();
+    }
+    let got = get(run.addr, "/ok").await;
+    assert_eq!(got.status, 200, "still serving");
+    let after = run.peak_rss_kib();
+    assert!(
+        after < before + 32 * 1024,
+        "peak RSS grew from {before} KiB to {after} KiB under 256 MB of headers that never end"
+    );
+}
