@@ -451,3 +451,37 @@ async fn request_heads_over_twice_the_limit_get_the_parsers_bare_431() {
     assert_eq!(body, "");
     assert_eq!(up.hits(), 0);
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_after_send_timeout() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&forward_all(
+        &format!("'{}'", up.addr),
+        "",
+        "server: { send_timeout: 2s }",
+    ))
+    .await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET /download?bytes=200000000 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    // Read nothing for a while: the socket buffers fill and tollgate can
+    // send no more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // What was buffered drains, then the connection is found closed (200 MB
+    // would take far longer than this on a connection kept open).
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0usize;
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await
+    .is_ok();
+    assert!(closed, "still open after {total} bytes");
+    assert!(total < 200_000_000, "the whole body was sent: {total}");
+}

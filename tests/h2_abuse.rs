@@ -302,3 +302,26 @@ async fn floods_leave_the_process_memory_flat() {
         "peak RSS grew from {before} KiB to {after} KiB under 256 MB of headers that never end"
     );
 }
+
+#[tokio::test]
+async fn a_peer_that_never_opens_its_window_is_closed_after_send_timeout() {
+    let up = Upstream::spawn().await;
+    let proxy = proxy_with(&up, "send_timeout: 2s").await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0: no stream may receive a byte of
+    // DATA until the peer says so, which it never will.
+    s.write_all(&frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]))
+        .await
+        .unwrap();
+    s.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+    let block = get_block("/download?bytes=1000000");
+    s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    let (r, _w) = s.into_split();
+    // Well past send_timeout (2 s, seen within 1.5x), far below idle_timeout.
+    let seen = read_frames(r, Duration::from_secs(15)).await;
+    assert!(seen.closed, "{seen:?}");
+    others_are_served(&proxy).await;
+}

@@ -105,6 +105,10 @@ pub struct ServerConfig {
     /// `lingering_timeout`); also the longest wait for each piece of a
     /// small body discarded to keep the connection.
     pub lingering_timeout: Duration,
+    /// A connection sending a response its client takes nothing of for
+    /// this long is closed (nginx `send_timeout`): a reader that stopped
+    /// reading, an HTTP/2 peer that never opens its flow-control window.
+    pub send_timeout: Duration,
 }
 
 #[derive(Debug)]

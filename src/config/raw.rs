@@ -122,6 +122,7 @@ pub struct RawServer {
     pub body_read_timeout: Option<Text>,
     pub lingering_time: Option<Text>,
     pub lingering_timeout: Option<Text>,
+    pub send_timeout: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -82,6 +82,7 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
         body_read_timeout: None,
         lingering_time: None,
         lingering_timeout: None,
+        send_timeout: None,
     };
     let s = raw.server.as_ref().unwrap_or(&empty);
     let max_header_bytes = c.size("server.max_header_size", &s.max_header_size, 32 << 10);
@@ -135,6 +136,11 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             "server.lingering_timeout",
             &s.lingering_timeout,
             Duration::from_secs(5),
+        ),
+        send_timeout: c.positive_duration(
+            "server.send_timeout",
+            &s.send_timeout,
+            Duration::from_secs(60),
         ),
     }
 }

@@ -10,7 +10,10 @@
 //! hold a connection slot for `idle_timeout`.
 //!
 //! The idle watchdog closes a connection that has had no request in flight
-//! for `server.idle_timeout`. For HTTP/1.1, hyper's header-read timer also
+//! for `server.idle_timeout`, and one whose client has taken nothing of the
+//! responses it is being sent for `server.send_timeout` (a reader that
+//! stopped reading, an HTTP/2 peer that never opens its flow-control
+//! window), like nginx `send_timeout`. For HTTP/1.1, hyper's header-read timer also
 //! runs while it waits for the next request head, so an idle keep-alive
 //! connection closes after the shorter of the two.
 
@@ -43,6 +46,11 @@ pub struct ConnState {
     /// Close it lingering (see `linger`): an answer went out before the
     /// request body was read.
     linger: AtomicBool,
+    /// Responses handed to the client whose body has not ended.
+    responding: AtomicUsize,
+    /// Response frames the client has taken, ever: the send watchdog sees
+    /// a stall as this not moving (no clock read per frame).
+    frames_sent: AtomicU64,
 }
 
 impl ConnState {
@@ -53,6 +61,8 @@ impl ConnState {
             opened: Instant::now(),
             started: AtomicBool::new(false),
             linger: AtomicBool::new(false),
+            responding: AtomicUsize::new(0),
+            frames_sent: AtomicU64::new(0),
         }
     }
 
@@ -80,6 +90,19 @@ impl ConnState {
 
     pub fn lingers(&self) -> bool {
         self.linger.load(Ordering::Relaxed)
+    }
+
+    pub fn response_started(&self) {
+        self.responding.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn response_finished(&self) {
+        self.responding.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A response frame went to the client.
+    pub fn frame_sent(&self) {
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How long the connection has had nothing in flight; `None` while a
@@ -124,8 +147,17 @@ pub(super) async fn serve<I>(
     let first_head = tokio::time::sleep(ctx.header_read_timeout);
     tokio::pin!(first_head);
     let mut awaiting_first = true;
-    let idle = tokio::time::sleep(idle_timeout);
+    // Wakes the watchdog: idle connections, and responses nobody takes.
+    let send_timeout = ctx.send_timeout;
+    let tick = idle_timeout
+        .min(send_timeout / 2)
+        .max(Duration::from_millis(10));
+    let idle = tokio::time::sleep(tick);
     tokio::pin!(idle);
+    // The send watchdog's last look: frames sent, and since when that
+    // count has not moved while a response was being sent.
+    let mut frames_seen = 0;
+    let mut stalled_since: Option<tokio::time::Instant> = None;
     let mut closing = false;
     // An idle-closed HTTP/2 connection waits for the client to acknowledge
     // the GOAWAY ping; a client that never does is dropped after this.
@@ -169,8 +201,16 @@ pub(super) async fn serve<I>(
                         hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
                         hard_close_armed = true;
                     }
-                    Some(d) => idle.as_mut().reset(now + (idle_timeout - d)),
-                    None => idle.as_mut().reset(now + idle_timeout),
+                    Some(d) => idle.as_mut().reset(now + (idle_timeout - d).min(tick)),
+                    None => idle.as_mut().reset(now + tick),
+                }
+                let frames = state.frames_sent.load(Ordering::Relaxed);
+                if state.responding.load(Ordering::Relaxed) == 0 || frames != frames_seen {
+                    frames_seen = frames;
+                    stalled_since = None;
+                } else if now - *stalled_since.get_or_insert(now) >= send_timeout {
+                    tracing::debug!(%peer, "the client took nothing for send_timeout; closing");
+                    break;
                 }
             }
         }

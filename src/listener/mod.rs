@@ -61,6 +61,8 @@ struct ListenerCtx {
     /// Bounds of a lingering close (see `linger`).
     lingering_time: Duration,
     lingering_timeout: Duration,
+    /// A response the client takes nothing of for this long ends it.
+    send_timeout: Duration,
 }
 
 /// Why the server could not start.
@@ -170,6 +172,7 @@ impl Server {
                 header_read_timeout: self.server.header_read_timeout,
                 lingering_time: self.server.lingering_time,
                 lingering_timeout: self.server.lingering_timeout,
+                send_timeout: self.server.send_timeout,
             });
             accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
         }

@@ -203,6 +203,9 @@ impl Pipeline {
             );
         }
         cx.end.set_status(resp.status());
+        if !http_body::Body::is_end_stream(resp.body()) {
+            cx.end.start_response();
+        }
         resp.body_mut().set_end(cx.end);
         resp
     }

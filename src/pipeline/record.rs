@@ -39,6 +39,9 @@ pub struct RequestEnd {
     aborted: bool,
     /// Lets the connection's idle watchdog know a request is running.
     conn: Arc<ConnState>,
+    /// A response was handed to the client and its body has not ended:
+    /// the connection's send watchdog is watching it.
+    responding: bool,
     /// Per-key concurrency slots (`max_conn`), released with the request.
     pub slots: Vec<ConnSlot>,
 }
@@ -51,6 +54,7 @@ impl RequestEnd {
             record,
             bytes: 0,
             aborted: false,
+            responding: false,
             conn,
             slots: Vec::new(),
         }
@@ -92,8 +96,18 @@ impl RequestEnd {
         }
     }
 
+    /// The response body is about to be sent (see `responding`).
+    pub fn start_response(&mut self) {
+        if !self.responding {
+            self.responding = true;
+            self.conn.response_started();
+        }
+    }
+
+    /// A body frame of `n` bytes went to the client.
     pub fn add_bytes(&mut self, n: u64) {
         self.bytes += n;
+        self.conn.frame_sent();
     }
 
     pub fn mark_aborted(&mut self) {
@@ -103,6 +117,9 @@ impl RequestEnd {
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
+        if self.responding {
+            self.conn.response_finished();
+        }
         self.conn.request_finished();
         let Some(r) = self.record.take() else { return };
         let ms = self.started.elapsed().as_secs_f64() * 1000.0;
