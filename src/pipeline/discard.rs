@@ -6,7 +6,8 @@
 //!
 //! - a body of at most [`DISCARD_BYTES`] (or of unknown length) is read and
 //!   thrown away after the answer is sent, each piece within
-//!   `server.lingering_timeout`; the connection stays open;
+//!   `server.lingering_timeout` and all of it within `server.lingering_time`;
+//!   the connection stays open;
 //! - a larger body, a body the client only sends after `100 Continue`, or
 //!   one that outgrows the bound or stalls: the answer says
 //!   `Connection: close` where it still can, and the connection closes
@@ -37,14 +38,21 @@ pub fn settle(
     version: Version,
     expects_continue: bool,
     conn: &Arc<ConnState>,
-    wait: Duration,
+    (each, total): (Duration, Duration),
 ) {
     if version >= Version::HTTP_2 || body.is_end_stream() {
         return;
     }
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
     if small && !expects_continue {
-        tokio::spawn(drain(body, conn.clone(), wait));
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let drained = tokio::time::timeout(total, drain(body, each)).await;
+            if !matches!(drained, Ok(true)) {
+                // Dropping the body makes hyper close the connection.
+                conn.linger_on_close();
+            }
+        });
         return;
     }
     resp.headers_mut()
@@ -52,22 +60,22 @@ pub fn settle(
     conn.linger_on_close();
 }
 
-/// Reads `body` to its end and throws it away, or gives up (and lets the
-/// connection close, lingering) past the bounds.
-async fn drain(mut body: Incoming, conn: Arc<ConnState>, wait: Duration) {
+/// Reads `body` to its end and throws it away: whether it ended within the
+/// bounds (at most [`DISCARD_BYTES`], each piece within `each`).
+async fn drain(mut body: Incoming, each: Duration) -> bool {
     let mut read = 0u64;
     loop {
-        match tokio::time::timeout(wait, body.frame()).await {
-            Ok(None) => return,
+        match tokio::time::timeout(each, body.frame()).await {
+            Ok(None) => return true,
             Ok(Some(Ok(frame))) => {
                 read += frame.data_ref().map_or(0, |d| d.len() as u64);
                 if read > DISCARD_BYTES {
-                    break;
+                    return false;
                 }
             }
-            Ok(Some(Err(_))) => return,
-            Err(_) => break,
+            // The client broke its body: the connection is done anyway.
+            Ok(Some(Err(_))) => return true,
+            Err(_) => return false,
         }
     }
-    conn.linger_on_close();
 }

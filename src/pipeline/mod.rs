@@ -69,8 +69,9 @@ pub struct Pipeline {
     max_header_bytes: usize,
     max_headers: usize,
     body_read_timeout: std::time::Duration,
-    /// How long to wait for each piece of an unread body being discarded.
-    lingering_timeout: std::time::Duration,
+    /// How long to wait for each piece of an unread body being discarded,
+    /// and for all of it (`lingering_timeout`, `lingering_time`).
+    discard_bounds: (std::time::Duration, std::time::Duration),
     access_log: bool,
     /// Trusted proxies, forwarding headers and key prefixes.
     client_ip: ClientIpConfig,
@@ -109,7 +110,14 @@ impl Pipeline {
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
             body_read_timeout: config.server.body_read_timeout,
-            lingering_timeout: config.server.lingering_timeout,
+            discard_bounds: (
+                config.server.lingering_timeout,
+                // lingering_time 0 turns lingering off, not discarding.
+                config
+                    .server
+                    .lingering_time
+                    .max(config.server.lingering_timeout),
+            ),
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
@@ -167,7 +175,8 @@ impl Pipeline {
             RequestEnd::new(started, record, conn.state.clone()),
         );
         let version = req.version();
-        let expects_continue = req.headers().contains_key(EXPECT);
+        let expects_continue =
+            !http_body::Body::is_end_stream(req.body()) && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
         let (parts, body) = req.into_parts();
         let mut body = Some(body);
@@ -192,14 +201,14 @@ impl Pipeline {
             }
         };
         if let Some(body) = body {
-            let wait = self.lingering_timeout;
+            let bounds = self.discard_bounds;
             discard::settle(
                 body,
                 &mut resp,
                 version,
                 expects_continue,
                 &conn.state,
-                wait,
+                bounds,
             );
         }
         cx.end.set_status(resp.status());
