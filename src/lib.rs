@@ -31,8 +31,9 @@
 //! `Store` trait, and `limiter::engine`, the store the pipeline asks, where
 //! each limit's failure mode is applied.
 //! `config` turns the YAML file into the runtime types every stage reads;
-//! `error` holds the one error -> HTTP status table; `admin` serves
-//! `/healthz` and `/readyz`.
+//! `error` holds the one error -> HTTP status table; `metrics` holds the
+//! counters the request path adds to (atomics indexed at config load);
+//! `admin` serves `/healthz`, `/readyz` and `/metrics`.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(
@@ -46,6 +47,7 @@ pub mod error;
 pub mod limiter;
 pub mod listener;
 pub mod logging;
+pub mod metrics;
 pub mod pipeline;
 
 pub use config::Config;

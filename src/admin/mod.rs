@@ -4,6 +4,8 @@
 //! `/readyz` also reports the rate-limit store; a Redis that is down does
 //! not make the replica unready (its limits follow `on_error`, and pulling
 //! every replica out of the load balancer would not bring Redis back).
+//! `/metrics` serves the Prometheus exposition (OpenMetrics when the scraper
+//! asks for `application/openmetrics-text`); see `crate::metrics`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,7 +46,28 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
     }
 }
 
+const OPENMETRICS: &str = "application/openmetrics-text";
+
 fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/metrics" {
+        let openmetrics = req
+            .headers()
+            .get_all(http::header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains(OPENMETRICS));
+        let sources: Arc<dyn crate::metrics::Sources> = state.pipeline.clone();
+        let body = state.pipeline.metrics().encode(sources, openmetrics);
+        let content_type = if openmetrics {
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "text/plain; version=0.0.4; charset=utf-8"
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        return resp;
+    }
     let (status, body) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, serde_json::json!({ "status": "ok" })),
         "/readyz" => {
@@ -75,7 +98,7 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
                 "type": "about:blank",
                 "title": "Not Found",
                 "status": 404,
-                "detail": format!("no admin endpoint {other}; try /healthz or /readyz"),
+                "detail": format!("no admin endpoint {other}; try /healthz, /readyz or /metrics"),
             }),
         ),
     };

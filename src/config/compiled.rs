@@ -167,6 +167,9 @@ pub enum HostHeader {
 pub struct RouteConfig {
     /// For logs and `check`; defaults to the route's position.
     pub name: Arc<str>,
+    /// Position in `Config::routes` (after sorting): metrics are indexed
+    /// by it, so counting a request takes no lookup.
+    pub index: usize,
     pub host: Option<HostMatch>,
     pub path: PathMatch,
     /// `None` matches every method.

@@ -123,6 +123,7 @@ pub(super) fn routes(
             continue;
         };
         let route = RouteConfig {
+            index: 0,
             name: Arc::from(r.name.unwrap_or_else(|| format!("routes[{i}]"))),
             host,
             path: path_match,
@@ -149,6 +150,9 @@ pub(super) fn routes(
     let mut routes: Vec<RouteConfig> = out.into_iter().map(|(r, _)| r).collect();
     // Stable sort keeps file order among equals.
     routes.sort_by_key(|r| std::cmp::Reverse(precedence(r)));
+    for (i, r) in routes.iter_mut().enumerate() {
+        r.index = i;
+    }
     routes
 }
 

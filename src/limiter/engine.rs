@@ -24,6 +24,10 @@ pub struct Engine {
     /// Requests decided without Redis since the last warning, and the
     /// second that warning was logged in: at most one warning a second.
     degraded: (AtomicU64, AtomicU64),
+    /// Store calls by result: ok, error, timeout (for metrics).
+    calls: [AtomicU64; 3],
+    /// Requests decided by each failure mode: fail_open, fail_closed, local.
+    fallbacks: [AtomicU64; 3],
 }
 
 impl Engine {
@@ -34,6 +38,8 @@ impl Engine {
             memory: MemoryStore::new(zones),
             redis,
             degraded: (AtomicU64::new(0), AtomicU64::new(0)),
+            calls: Default::default(),
+            fallbacks: Default::default(),
         }
     }
 
@@ -63,6 +69,29 @@ impl Engine {
         &self.memory
     }
 
+    /// `(store, result, calls)` for metrics.
+    pub fn calls(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let store = if self.redis.is_some() {
+            "redis"
+        } else {
+            "memory"
+        };
+        ["ok", "error", "timeout"]
+            .into_iter()
+            .zip(&self.calls)
+            .map(|(result, n)| (store, result, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// `(mode, requests)` decided by each failure mode, for metrics.
+    pub fn fallbacks(&self) -> Vec<(&'static str, u64)> {
+        ["fail_open", "fail_closed", "local"]
+            .into_iter()
+            .zip(&self.fallbacks)
+            .map(|(mode, n)| (mode, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     /// The decision without Redis, limit by limit as `on_error` says.
     fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, LimiterError> {
         let now = self.memory.now_ms();
@@ -71,10 +100,16 @@ impl Engine {
             .iter()
             .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
         {
+            self.fallbacks[1].fetch_add(1, Ordering::Relaxed);
             return Err(LimiterError::Closed {
                 limit: c.limit.name.clone(),
                 cause: err.to_string(),
             });
+        }
+        for (n, mode) in [(0, OnError::FailOpen), (2, OnError::Local)] {
+            if checks.iter().any(|c| c.limit.on_error == mode) {
+                self.fallbacks[n].fetch_add(1, Ordering::Relaxed);
+            }
         }
         let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
         Ok(decide_in_groups(checks, |group, decisions| {
@@ -138,11 +173,19 @@ fn open_decision(c: &Check<'_>) -> Decision {
 impl Store for Engine {
     async fn decide<'a>(&'a self, checks: &'a [Check<'a>]) -> Result<Outcome, LimiterError> {
         let Some(redis) = &self.redis else {
+            self.calls[0].fetch_add(1, Ordering::Relaxed);
             return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
         };
         match redis.decide(checks).await {
-            Ok(outcome) => Ok(outcome),
-            Err(e) => self.fallback(checks, &e),
+            Ok(outcome) => {
+                self.calls[0].fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            Err(e) => {
+                let result = usize::from(matches!(e, LimiterError::Timeout(_))) + 1;
+                self.calls[result].fetch_add(1, Ordering::Relaxed);
+                self.fallback(checks, &e)
+            }
         }
     }
 }

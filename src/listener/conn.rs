@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 use super::linger::Linger;
 use super::ListenerCtx;
+use crate::metrics::Metrics;
 use crate::pipeline::ConnInfo;
 
 /// How long an idle connection may take to close gracefully.
@@ -51,10 +52,16 @@ pub struct ConnState {
     /// Response frames the client has taken, ever: the send watchdog sees
     /// a stall as this not moving (no clock read per frame).
     frames_sent: AtomicU64,
+    /// Where this connection's requests are counted, and as which listener.
+    pub metrics: Arc<Metrics>,
+    pub listener: usize,
 }
 
 impl ConnState {
-    pub fn new() -> Self {
+    /// A new connection on listener `listener` (counted open until the
+    /// last reference to it is dropped).
+    pub fn new(metrics: Arc<Metrics>, listener: usize) -> Self {
+        metrics.connection_opened(listener);
         ConnState {
             in_flight: AtomicUsize::new(0),
             last_change_ms: AtomicU64::new(0),
@@ -63,6 +70,8 @@ impl ConnState {
             linger: AtomicBool::new(false),
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
+            metrics,
+            listener,
         }
     }
 
@@ -116,9 +125,9 @@ impl ConnState {
     }
 }
 
-impl Default for ConnState {
-    fn default() -> Self {
-        Self::new()
+impl Drop for ConnState {
+    fn drop(&mut self) {
+        self.metrics.connection_closed(self.listener);
     }
 }
 

@@ -50,6 +50,8 @@ struct Bound {
 /// Per-listener state shared by its connections.
 struct ListenerCtx {
     name: Arc<str>,
+    /// Position in the config's listeners, for metrics.
+    index: usize,
     tls: Option<(TlsAcceptor, Duration)>,
     builder: auto::Builder<TokioExecutor>,
     pipeline: Arc<Pipeline>,
@@ -161,9 +163,10 @@ impl Server {
         let listed: Vec<(String, SocketAddr)> = self.addrs();
 
         let mut accept_loops = tokio::task::JoinSet::new();
-        for b in self.listeners {
+        for (index, b) in self.listeners.into_iter().enumerate() {
             let ctx = Arc::new(ListenerCtx {
                 name: b.name,
+                index,
                 tls: b.tls,
                 builder: http_builder(&self.server),
                 pipeline: self.pipeline.clone(),
@@ -306,7 +309,7 @@ async fn serve_stream<I>(
         peer,
         client: ClientIp::new(peer.ip()),
         tls: ctx.tls.is_some(),
-        state: Arc::new(ConnState::new()),
+        state: Arc::new(ConnState::new(ctx.pipeline.metrics().clone(), ctx.index)),
     });
     match &ctx.tls {
         None => conn::serve(io, &ctx, info, stop).await,

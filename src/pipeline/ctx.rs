@@ -11,12 +11,13 @@ use http::StatusCode;
 
 use super::bypass::Bypass;
 use super::client_ip::Resolved;
-use super::decide::Batch;
+use super::decide::{Batch, Origin};
 use super::identity::Identity;
 use super::record::RequestEnd;
 use crate::config::RouteConfig;
 use crate::error::ProxyError;
 use crate::limiter::Decision;
+use crate::metrics::Outcome;
 
 pub struct Ctx<'p> {
     /// The real client, resolved from trusted proxies only.
@@ -35,6 +36,11 @@ pub struct Ctx<'p> {
     /// Route limits (index, key) charged once the response status is known
     /// (`count: { status: [...] }`).
     pub deferred: Vec<(usize, String)>,
+    /// Every decision made, counted in metrics when the request ends (the
+    /// identity, and so the user type, is known by then).
+    pub counted: Vec<(Origin, Outcome)>,
+    /// How long zone delays held the request.
+    pub delayed_ms: u64,
     /// The access record and the held `max_conn` slots, settled when the
     /// response body ends.
     pub end: RequestEnd,
@@ -50,6 +56,8 @@ impl<'p> Ctx<'p> {
             pending: Batch::default(),
             applied: Vec::new(),
             deferred: Vec::new(),
+            counted: Vec::new(),
+            delayed_ms: 0,
             end,
         }
     }

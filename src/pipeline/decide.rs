@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::ctx::{Applied, Rejection, Stop};
+use super::ctx::{Applied, Ctx, Rejection, Stop};
 use crate::config::{RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
 use crate::limiter::{most_restrictive, verdict, Check, Store, Verdict};
+use crate::metrics::Outcome;
 
 pub const ZONE_GROUP: u8 = 0;
 pub const USER_ZONE_GROUP: u8 = 1;
@@ -80,11 +81,10 @@ impl Batch {
 pub async fn decide(
     engine: &Engine,
     zones: &[ZoneConfig],
-    route: Option<&RouteConfig>,
     mut batch: Batch,
-    applied: &mut Vec<Applied>,
-    deferred: &mut Vec<(usize, String)>,
+    cx: &mut Ctx<'_>,
 ) -> Result<(), Stop> {
+    let route = cx.route;
     if batch.is_empty() {
         return Ok(());
     }
@@ -128,16 +128,25 @@ pub async fn decide(
                     continue;
                 };
                 let limit = &route.limits[i];
-                applied.push(Applied {
+                cx.applied.push(Applied {
                     name: limit.limit.name.clone(),
                     decision: *d,
                 });
                 if limit.count_status.is_some() && d.admitted() {
-                    deferred.push((i, item.key.clone()));
+                    cx.deferred.push((i, item.key.clone()));
                 }
             }
         }
         let dry = group[0].dry_run;
+        for (item, d) in items.iter().zip(decided) {
+            let outcome = match d.verdict {
+                Verdict::Reject if dry => Outcome::DryRunRejected,
+                Verdict::Reject => Outcome::Rejected,
+                Verdict::Delay(_) if !dry => Outcome::Delayed,
+                Verdict::Delay(_) | Verdict::Allow => Outcome::Allowed,
+            };
+            cx.counted.push((item.origin, outcome));
+        }
         match verdict(decided) {
             Verdict::Allow => {}
             Verdict::Delay(ms) if !dry => delay = delay.max(ms),
@@ -177,6 +186,7 @@ pub async fn decide(
         }
     }
     if delay > 0 {
+        cx.delayed_ms += delay;
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     Ok(())

@@ -46,13 +46,5 @@ pub async fn decide(
         }
     }
     let batch = std::mem::take(&mut cx.pending);
-    decide::decide(
-        engine,
-        zones.configs(),
-        cx.route,
-        batch,
-        &mut cx.applied,
-        &mut cx.deferred,
-    )
-    .await
+    decide::decide(engine, zones.configs(), batch, cx).await
 }

@@ -51,6 +51,7 @@ use hyper::body::Incoming;
 use self::body::ProxyBody;
 use self::client_ip::ClientIp;
 use self::ctx::{Ctx, Stop};
+use self::decide::Origin;
 use self::identity::Identify;
 use self::record::{AccessRecord, RequestEnd};
 use self::route::RouteMatch;
@@ -60,6 +61,7 @@ use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConf
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
 use crate::listener::conn::ConnState;
+use crate::metrics::{LimitLabel, Metrics, Sources};
 
 /// Everything a request needs, shared by all connections.
 pub struct Pipeline {
@@ -82,6 +84,11 @@ pub struct Pipeline {
     identity: Identify,
     /// Where limit state lives, and what happens when it fails.
     engine: Engine,
+    metrics: Arc<Metrics>,
+    /// Per route: the metrics index of its first limit (zones come first).
+    limit_base: Box<[usize]>,
+    /// Per metrics limit: its memory partition, for keys and evictions.
+    partitions: Box<[usize]>,
 }
 
 /// What the listener knows about a connection.
@@ -100,8 +107,36 @@ impl Pipeline {
     /// Takes the routes, zones and identity out of `config`; the rest of it
     /// is only read.
     pub fn new(config: &mut Config, engine: Engine) -> Self {
+        let routes = std::mem::take(&mut config.routes);
+        let zones = std::mem::take(&mut config.zones);
+        let mut limits: Vec<LimitLabel> = zones
+            .iter()
+            .map(|z| LimitLabel {
+                tier: "zone",
+                name: z.limit.name.clone(),
+                route: Arc::from("-"),
+            })
+            .collect();
+        let mut partitions: Vec<usize> = zones.iter().map(|z| z.limit.zone).collect();
+        let mut limit_base = Vec::with_capacity(routes.len());
+        for r in &routes {
+            limit_base.push(limits.len());
+            for l in &r.limits {
+                limits.push(LimitLabel {
+                    tier: "route",
+                    name: l.limit.name.clone(),
+                    route: r.name.clone(),
+                });
+                partitions.push(l.limit.zone);
+            }
+        }
+        let listeners: Vec<&str> = config.listeners.iter().map(|l| l.name.as_str()).collect();
+        let route_names: Vec<Arc<str>> = routes.iter().map(|r| r.name.clone()).collect();
         Pipeline {
-            routes: std::mem::take(&mut config.routes),
+            metrics: Arc::new(Metrics::new(&listeners, &route_names, limits)),
+            limit_base: limit_base.into(),
+            partitions: partitions.into(),
+            routes,
             upstreams: config
                 .upstreams
                 .iter()
@@ -121,9 +156,35 @@ impl Pipeline {
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
-            zones: Zones::new(std::mem::take(&mut config.zones)),
+            zones: Zones::new(zones),
             identity: Identify::new(config.identity.take()),
             engine,
+        }
+    }
+
+    /// The counters every request adds to (`/metrics`).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Counts what the request's limits decided, now that the identity (and
+    /// so the user type) is known.
+    fn count(&self, cx: &Ctx<'_>) {
+        let m = &self.metrics;
+        if let Some(b) = cx.bypass {
+            m.bypass(b as usize);
+        }
+        let authenticated = matches!(cx.identity, identity::Identity::User(_));
+        for &(origin, outcome) in &cx.counted {
+            let limit = match (origin, cx.route) {
+                (Origin::Zone(z), _) => z,
+                (Origin::Route(i), Some(r)) => self.limit_base[r.index] + i,
+                (Origin::Route(_), None) => continue,
+            };
+            m.decision(limit, outcome, authenticated);
+        }
+        if cx.delayed_ms > 0 {
+            m.delay(std::time::Duration::from_millis(cx.delayed_ms));
         }
     }
 
@@ -211,6 +272,7 @@ impl Pipeline {
                 bounds,
             );
         }
+        self.count(&cx);
         cx.end.set_status(resp.status());
         if !http_body::Body::is_end_stream(resp.body()) {
             cx.end.start_response();
@@ -234,7 +296,7 @@ impl Pipeline {
         let found = route::find(&self.routes, host, req.uri().path(), req.method());
         if let RouteMatch::Found(r) = found {
             cx.route = Some(r);
-            cx.end.set_route(&r.name);
+            cx.end.set_route(r);
         }
         let (path, headers, ip) = (req.uri().path(), req.headers(), cx.client.client.ip);
         cx.bypass = bypass::check(&self.bypass, cx.route, path, headers, ip);
@@ -324,4 +386,28 @@ fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
             .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
     );
     Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
+}
+
+impl Sources for Pipeline {
+    fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.engine.calls()
+    }
+
+    fn store_fallbacks(&self) -> Vec<(&'static str, u64)> {
+        self.engine.fallbacks()
+    }
+
+    fn breaker_open(&self) -> Option<bool> {
+        self.engine.redis().map(|r| !r.is_up())
+    }
+
+    fn zone_stats(&self) -> Vec<(u64, u64)> {
+        self.partitions
+            .iter()
+            .map(|&p| {
+                let s = self.engine.memory().stats(p);
+                (s.keys as u64, s.evictions)
+            })
+            .collect()
+    }
 }

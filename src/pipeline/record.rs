@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use http::{Method, StatusCode};
 
+use crate::config::RouteConfig;
 use crate::limiter::conn::ConnSlot;
 use crate::listener::conn::ConnState;
 
@@ -42,6 +43,10 @@ pub struct RequestEnd {
     /// A response was handed to the client and its body has not ended:
     /// the connection's send watchdog is watching it.
     responding: bool,
+    /// For metrics: the route index (`Metrics::no_route` until one
+    /// matches) and the status answered.
+    route: usize,
+    status: u16,
     /// Per-key concurrency slots (`max_conn`), released with the request.
     pub slots: Vec<ConnSlot>,
 }
@@ -55,20 +60,24 @@ impl RequestEnd {
             bytes: 0,
             aborted: false,
             responding: false,
+            route: conn.metrics.no_route(),
+            status: 499,
             conn,
             slots: Vec::new(),
         }
     }
 
     pub fn set_status(&mut self, status: StatusCode) {
+        self.status = status.as_u16();
         if let Some(r) = self.record.as_mut() {
             r.status = status;
         }
     }
 
-    pub fn set_route(&mut self, name: &Arc<str>) {
+    pub fn set_route(&mut self, route: &RouteConfig) {
+        self.route = route.index;
         if let Some(r) = self.record.as_mut() {
-            r.route = Some(name.clone());
+            r.route = Some(route.name.clone());
         }
     }
 
@@ -121,8 +130,12 @@ impl Drop for RequestEnd {
             self.conn.response_finished();
         }
         self.conn.request_finished();
+        let took = self.started.elapsed();
+        let conn = &self.conn;
+        conn.metrics
+            .request(conn.listener, self.route, self.status, took);
         let Some(r) = self.record.take() else { return };
-        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let ms = took.as_secs_f64() * 1000.0;
         tracing::info!(
             target: "tollgate::access",
             listener = %r.listener,

@@ -60,15 +60,7 @@ impl Zones {
         self.collect(cx, headers, cfg, false)?;
         if now {
             let batch = std::mem::take(&mut cx.pending);
-            decide::decide(
-                engine,
-                &self.zones,
-                None,
-                batch,
-                &mut cx.applied,
-                &mut cx.deferred,
-            )
-            .await?;
+            decide::decide(engine, &self.zones, batch, cx).await?;
         }
         Ok(())
     }

@@ -1,0 +1,425 @@
+//! The numbers the request path adds to, and their Prometheus exposition
+//! (`GET /metrics` on the admin listener).
+//!
+//! Everything a request counts is an atomic in a table indexed by what the
+//! config fixed at load: listener, route, limit, status code, outcome. The
+//! hot path takes no lock and no hash lookup: a handful of relaxed atomic
+//! adds per request. Labels only ever hold names from the config, codes and
+//! outcomes, never a client IP, user, token or key (privacy, and a bounded
+//! number of series).
+//!
+//! Families that live elsewhere (store calls, tracked keys) are read from
+//! their owners at scrape time through [`Sources`].
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// What a limit decided for a request, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed = 0,
+    Delayed = 1,
+    Rejected = 2,
+    DryRunRejected = 3,
+}
+
+const OUTCOMES: [&str; 4] = ["allowed", "delayed", "rejected", "dry_run_rejected"];
+const USER_TYPES: [&str; 2] = ["anonymous", "authenticated"];
+/// The `reason` label of `tollgate_bypass_total`, by `Bypass` order.
+pub const BYPASS_REASONS: [&str; 4] = ["path", "token", "source", "webhook_source"];
+/// Status codes 100..=599, one counter each.
+const CODES: usize = 500;
+const DURATION_BOUNDS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const DELAY_BOUNDS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// A fixed-bucket histogram of atomics.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    /// One per bound, then +Inf; not cumulative.
+    buckets: Box<[AtomicU64]>,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.bounds.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut count = 0;
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let n = b.load(Ordering::Relaxed);
+                count += n;
+                (self.bounds.get(i).copied().unwrap_or(f64::INFINITY), n)
+            })
+            .collect();
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        (sum, count, buckets)
+    }
+}
+
+/// A zone or a route limit, as metrics name it.
+#[derive(Debug, Clone)]
+pub struct LimitLabel {
+    /// `zone` or `route`.
+    pub tier: &'static str,
+    pub name: Arc<str>,
+    /// The route a route limit belongs to (`-` for zones).
+    pub route: Arc<str>,
+}
+
+/// Read at scrape time from the parts that own them.
+pub trait Sources: Send + Sync {
+    /// `(store, result, calls)`: `store` is memory or redis, `result` ok,
+    /// error or timeout.
+    fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)>;
+    /// `(mode, requests)` decided by a failure mode while Redis failed.
+    fn store_fallbacks(&self) -> Vec<(&'static str, u64)>;
+    /// Whether the Redis breaker is open (`None` without Redis).
+    fn breaker_open(&self) -> Option<bool>;
+    /// `(keys tracked, evictions)` per limit, in `limits` order.
+    fn zone_stats(&self) -> Vec<(u64, u64)>;
+}
+
+/// Every counter the request path adds to.
+#[derive(Debug)]
+pub struct Metrics {
+    listeners: Box<[Arc<str>]>,
+    /// Route names, then `-` for requests that matched none.
+    routes: Box<[Arc<str>]>,
+    /// `[listener][route][code - 100]`.
+    requests: Box<[AtomicU64]>,
+    /// Per route (and `-`).
+    durations: Box<[Histogram]>,
+    limits: Box<[LimitLabel]>,
+    /// `[limit][outcome][user type]`.
+    decisions: Box<[AtomicU64]>,
+    /// How long zone delays held requests.
+    delays: Histogram,
+    bypass: [AtomicU64; 4],
+    connections_open: Box<[AtomicI64]>,
+}
+
+impl Metrics {
+    pub fn new(listeners: &[&str], routes: &[Arc<str>], limits: Vec<LimitLabel>) -> Self {
+        let mut route_names: Vec<Arc<str>> = routes.to_vec();
+        route_names.push(Arc::from("-"));
+        let cells = listeners.len().max(1) * route_names.len() * CODES;
+        Metrics {
+            listeners: listeners.iter().map(|&l| Arc::from(l)).collect(),
+            requests: (0..cells).map(|_| AtomicU64::new(0)).collect(),
+            durations: route_names
+                .iter()
+                .map(|_| Histogram::new(&DURATION_BOUNDS))
+                .collect(),
+            routes: route_names.into(),
+            decisions: (0..limits.len() * OUTCOMES.len() * USER_TYPES.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            limits: limits.into(),
+            delays: Histogram::new(&DELAY_BOUNDS),
+            bypass: Default::default(),
+            connections_open: listeners.iter().map(|_| AtomicI64::new(0)).collect(),
+        }
+    }
+
+    /// The index of `-`, for requests that matched no route.
+    pub fn no_route(&self) -> usize {
+        self.routes.len() - 1
+    }
+
+    /// A finished request: `route` from [`Metrics::no_route`] when none.
+    pub fn request(&self, listener: usize, route: usize, status: u16, took: Duration) {
+        let code = (status as usize).clamp(100, 599) - 100;
+        let cell = (listener * self.routes.len() + route) * CODES + code;
+        if let Some(c) = self.requests.get(cell) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(h) = self.durations.get(route) {
+            h.observe(took);
+        }
+    }
+
+    /// One limit's decision for a request; `limit` indexes the labels given
+    /// to [`Metrics::new`].
+    pub fn decision(&self, limit: usize, outcome: Outcome, authenticated: bool) {
+        let cell = (limit * OUTCOMES.len() + outcome as usize) * USER_TYPES.len()
+            + usize::from(authenticated);
+        if let Some(c) = self.decisions.get(cell) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn delay(&self, d: Duration) {
+        self.delays.observe(d);
+    }
+
+    /// A bypassed request; `reason` indexes [`BYPASS_REASONS`].
+    pub fn bypass(&self, reason: usize) {
+        if let Some(c) = self.bypass.get(reason) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn connection_opened(&self, listener: usize) {
+        if let Some(c) = self.connections_open.get(listener) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn connection_closed(&self, listener: usize) {
+        if let Some(c) = self.connections_open.get(listener) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The exposition: OpenMetrics when `openmetrics`, else the Prometheus
+    /// text format.
+    pub fn encode(self: &Arc<Self>, sources: Arc<dyn Sources>, openmetrics: bool) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Scrape {
+            metrics: self.clone(),
+            sources,
+        }));
+        let mut out = String::new();
+        let encoded = if openmetrics {
+            prometheus_client::encoding::text::encode(&mut out, &registry)
+        } else {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        };
+        if encoded.is_err() {
+            tracing::warn!("metrics: encoding failed");
+        }
+        out
+    }
+}
+
+/// One scrape: the counters and the sources, encoded.
+struct Scrape {
+    metrics: Arc<Metrics>,
+    sources: Arc<dyn Sources>,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scrape")
+    }
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn histograms<'h>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, &'h Histogram)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in series {
+        let (sum, count, buckets) = h.snapshot();
+        family
+            .encode_family(&labels)?
+            .encode_histogram::<Vec<(&str, String)>>(sum, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
+        let s = &self.sources;
+        let routes = m.routes.len();
+        let mut requests = Vec::new();
+        for (l, listener) in m.listeners.iter().enumerate() {
+            for (r, route) in m.routes.iter().enumerate() {
+                for code in 0..CODES {
+                    let n = m.requests[(l * routes + r) * CODES + code].load(Ordering::Relaxed);
+                    if n > 0 {
+                        let labels = vec![
+                            ("listener", listener.to_string()),
+                            ("route", route.to_string()),
+                            ("code", (code + 100).to_string()),
+                        ];
+                        requests.push((labels, n));
+                    }
+                }
+            }
+        }
+        counter(
+            &mut e,
+            "tollgate_requests",
+            "Requests answered, by listener, route and status code.",
+            requests,
+        )?;
+        histograms(
+            &mut e,
+            "tollgate_request_duration_seconds",
+            "Time from the request head to the end of the response, by route.",
+            m.routes
+                .iter()
+                .zip(m.durations.iter())
+                .map(|(r, h)| (vec![("route", r.to_string())], h)),
+        )?;
+        let mut decisions = Vec::new();
+        for (i, limit) in m.limits.iter().enumerate() {
+            for (o, outcome) in OUTCOMES.iter().enumerate() {
+                for (u, user) in USER_TYPES.iter().enumerate() {
+                    let cell = (i * OUTCOMES.len() + o) * USER_TYPES.len() + u;
+                    let labels = vec![
+                        ("tier", limit.tier.to_owned()),
+                        ("route", limit.route.to_string()),
+                        ("limit", limit.name.to_string()),
+                        ("outcome", (*outcome).to_owned()),
+                        ("user_type", (*user).to_owned()),
+                    ];
+                    decisions.push((labels, m.decisions[cell].load(Ordering::Relaxed)));
+                }
+            }
+        }
+        counter(&mut e, "tollgate_limit_decisions", "What the zones and route limits decided, by limit, outcome and whether the user was verified.", decisions)?;
+        histograms(
+            &mut e,
+            "tollgate_limit_delay_seconds",
+            "How long zone delays (nginx burst without nodelay) held requests.",
+            [(Vec::new(), &m.delays)],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_bypass",
+            "Requests that skipped every limit, by reason.",
+            BYPASS_REASONS
+                .iter()
+                .zip(&m.bypass)
+                .map(|(r, c)| (vec![("reason", (*r).to_owned())], c.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_store_calls",
+            "Calls to the rate-limit store, by store and result.",
+            s.store_calls().into_iter().map(|(st, res, n)| {
+                (
+                    vec![("store", st.to_owned()), ("result", res.to_owned())],
+                    n,
+                )
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_store_fallback",
+            "Requests decided by a failure mode (on_error) because Redis failed.",
+            s.store_fallbacks()
+                .into_iter()
+                .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
+        )?;
+        if let Some(open) = s.breaker_open() {
+            gauge(
+                &mut e,
+                "tollgate_store_breaker_open",
+                "1 while the Redis circuit breaker is open.",
+                [(Vec::new(), i64::from(open))],
+            )?;
+        }
+        let stats = s.zone_stats();
+        gauge(
+            &mut e,
+            "tollgate_zone_keys",
+            "Keys tracked in this process's memory store, by limit.",
+            m.limits.iter().zip(&stats).map(|(l, (keys, _))| {
+                (
+                    vec![
+                        ("tier", l.tier.to_owned()),
+                        ("route", l.route.to_string()),
+                        ("limit", l.name.to_string()),
+                    ],
+                    *keys as i64,
+                )
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_zone_evictions",
+            "Keys evicted from a full memory zone (least recently used), by limit.",
+            m.limits.iter().zip(&stats).map(|(l, (_, ev))| {
+                (
+                    vec![
+                        ("tier", l.tier.to_owned()),
+                        ("route", l.route.to_string()),
+                        ("limit", l.name.to_string()),
+                    ],
+                    *ev,
+                )
+            }),
+        )?;
+        gauge(
+            &mut e,
+            "tollgate_connections_open",
+            "Client connections open, by listener.",
+            m.listeners
+                .iter()
+                .zip(m.connections_open.iter())
+                .map(|(l, c)| (vec![("listener", l.to_string())], c.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            &mut e,
+            "tollgate_build_info",
+            "The running version (always 1).",
+            [(vec![("version", env!("CARGO_PKG_VERSION").to_owned())], 1)],
+        )?;
+        Ok(())
+    }
+}

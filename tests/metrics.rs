@@ -1,0 +1,212 @@
+//! `GET /metrics` on the admin listener: a known mix of requests (allowed,
+//! delayed, rejected, dry-run, bypassed, a 502) is counted exactly, the
+//! exposition passes `promtool check metrics`, and no client IP or token
+//! appears in it.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const TOKEN: &str = "monitoring-token-0123456789";
+
+async fn scrape(proxy: &TestProxy, accept: Option<&str>) -> Got {
+    let mut c = h1(proxy.admin.expect("admin listener")).await;
+    let mut req = http::Request::get("/metrics").header("host", "admin");
+    if let Some(a) = accept {
+        req = req.header("accept", a);
+    }
+    send1(&mut c, req.body(empty()).unwrap()).await
+}
+
+fn text(got: &Got) -> String {
+    String::from_utf8(got.body.to_vec()).unwrap()
+}
+
+/// The value of the series named exactly `series` (name and labels).
+fn value(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn promtool_check(exposition: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "promtool not found: install it with `apt-get install prometheus` (scripts/test does)",
+        );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{exposition}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_known_mix_is_counted_exactly() {
+    let up = Upstream::spawn().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0' }}
+log: {{ access_log: false }}
+bypass: {{ tokens: ['{TOKEN}'] }}
+zones: [{{ name: slow, rate: 10r/s, burst: 3, delay: 1 }}]
+upstreams:
+  api: {{ targets: ['{}'] }}
+  gone: {{ targets: ['{dead}'], connect_timeout: 1s }}
+routes:
+  - name: limited
+    match: {{ path: /limited }}
+    upstream: api
+    zones: []
+    limits:
+      - {{ name: tight, algorithm: fixed_window, key: ip, limit: 2, window: 1h }}
+      - {{ name: trial, algorithm: fixed_window, key: ip, limit: 1, window: 1h, dry_run: true }}
+  - {{ name: slow, match: {{ path: /slow }}, upstream: api, zones: [slow] }}
+  - {{ name: bad, match: {{ path: /bad }}, upstream: gone, zones: [] }}
+",
+        up.addr
+    ))
+    .await;
+    let addr = proxy.addr();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get(addr, "/limited").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    let bypassed = send_with(addr, "GET", "/limited", &[("x-bypass-token", TOKEN)], b"").await;
+    assert_eq!(bypassed.status, 200);
+    // Five at once against burst 3, delay 1: two pass, two wait, one is
+    // refused.
+    let slow: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(async move { get(addr, "/slow").await.status.as_u16() }))
+        .collect();
+    let mut slow_statuses = Vec::new();
+    for s in slow {
+        slow_statuses.push(s.await.unwrap());
+    }
+    slow_statuses.sort_unstable();
+    assert_eq!(slow_statuses, [200, 200, 200, 200, 429]);
+    assert_eq!(get(addr, "/bad").await.status, 502);
+
+    // A request is counted when its response ends: wait for the last one.
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = text(&scrape(&proxy, None).await);
+        if value(
+            &m,
+            r#"tollgate_requests_total{listener="plain",route="bad",code="502"}"#,
+        ) == Some(1.0)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let expect = [
+        (
+            r#"tollgate_requests_total{listener="plain",route="limited",code="200"}"#,
+            3.0,
+        ),
+        (
+            r#"tollgate_requests_total{listener="plain",route="limited",code="429"}"#,
+            2.0,
+        ),
+        (
+            r#"tollgate_requests_total{listener="plain",route="slow",code="200"}"#,
+            4.0,
+        ),
+        (
+            r#"tollgate_requests_total{listener="plain",route="slow",code="429"}"#,
+            1.0,
+        ),
+        (
+            r#"tollgate_requests_total{listener="plain",route="bad",code="502"}"#,
+            1.0,
+        ),
+        (
+            r#"tollgate_request_duration_seconds_count{route="limited"}"#,
+            5.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="route",route="limited",limit="tight",outcome="allowed",user_type="anonymous"}"#,
+            2.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="route",route="limited",limit="tight",outcome="rejected",user_type="anonymous"}"#,
+            2.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="route",route="limited",limit="trial",outcome="allowed",user_type="anonymous"}"#,
+            1.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="route",route="limited",limit="trial",outcome="dry_run_rejected",user_type="anonymous"}"#,
+            1.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="zone",route="-",limit="slow",outcome="allowed",user_type="anonymous"}"#,
+            2.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="zone",route="-",limit="slow",outcome="delayed",user_type="anonymous"}"#,
+            2.0,
+        ),
+        (
+            r#"tollgate_limit_decisions_total{tier="zone",route="-",limit="slow",outcome="rejected",user_type="anonymous"}"#,
+            1.0,
+        ),
+        (r#"tollgate_limit_delay_seconds_count"#, 2.0),
+        (r#"tollgate_bypass_total{reason="token"}"#, 1.0),
+        (r#"tollgate_bypass_total{reason="path"}"#, 0.0),
+        // One store call per request with limits: 4 + 5 (the bypassed one
+        // and the 502 have none).
+        (
+            r#"tollgate_store_calls_total{store="memory",result="ok"}"#,
+            9.0,
+        ),
+        (
+            r#"tollgate_zone_keys{tier="route",route="limited",limit="tight"}"#,
+            1.0,
+        ),
+        (r#"tollgate_build_info{version="0.1.0"}"#, 1.0),
+    ];
+    for (series, want) in expect {
+        assert_eq!(value(&m, series), Some(want), "{series}\n{m}");
+    }
+    assert!(
+        value(&m, r#"tollgate_connections_open{listener="plain"}"#).is_some(),
+        "{m}"
+    );
+    assert!(!m.contains("127.0.0.1"), "a client IP in the metrics:\n{m}");
+    assert!(!m.contains(TOKEN), "a token in the metrics");
+    promtool_check(&m);
+
+    // OpenMetrics when the scraper asks for it.
+    let om = scrape(&proxy, Some("application/openmetrics-text; version=1.0.0")).await;
+    assert!(om.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    assert!(text(&om).ends_with("# EOF\n"));
+}
