@@ -210,3 +210,66 @@ routes:
         .starts_with("application/openmetrics-text"));
     assert!(text(&om).ends_with("# EOF\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_and_breaker_metrics_follow_a_redis_outage() {
+    let mut redis = common::redis::RedisServer::start();
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0' }}
+log: {{ access_log: false }}
+store: {{ kind: redis, url: '{}', timeout: 100ms, on_error: local, cache_rejections: false, breaker: {{ failures: 3, probe_interval: 100ms }} }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{ body: ok }}
+    limits: [{{ name: all, algorithm: fixed_window, key: global, limit: 100000, window: 1h }}]
+",
+        redis.url()
+    ))
+    .await;
+    let calls = |m: &str, result: &str| {
+        value(
+            m,
+            &format!(r#"tollgate_store_calls_total{{store="redis",result="{result}"}}"#),
+        )
+        .unwrap_or(0.0)
+    };
+    for _ in 0..5 {
+        assert_eq!(get(proxy.addr(), "/").await.status, 200);
+    }
+    let m = text(&scrape(&proxy, None).await);
+    assert_eq!(calls(&m, "ok"), 5.0, "{m}");
+    assert_eq!(value(&m, "tollgate_store_breaker_open"), Some(0.0));
+    assert_eq!(
+        value(&m, r#"tollgate_store_fallback_total{mode="local"}"#),
+        Some(0.0)
+    );
+
+    redis.kill();
+    for _ in 0..10 {
+        assert_eq!(get(proxy.addr(), "/").await.status, 200, "decided locally");
+    }
+    let m = text(&scrape(&proxy, None).await);
+    assert_eq!(
+        value(&m, r#"tollgate_store_fallback_total{mode="local"}"#),
+        Some(10.0),
+        "{m}"
+    );
+    assert_eq!(calls(&m, "error") + calls(&m, "timeout"), 10.0, "{m}");
+    assert_eq!(value(&m, "tollgate_store_breaker_open"), Some(1.0), "{m}");
+    promtool_check(&m);
+
+    redis.restart();
+    // Requests keep coming; the breaker's probe finds Redis back.
+    let mut m = String::new();
+    for _ in 0..100 {
+        assert_eq!(get(proxy.addr(), "/").await.status, 200);
+        m = text(&scrape(&proxy, None).await);
+        if value(&m, "tollgate_store_breaker_open") == Some(0.0) && calls(&m, "ok") > 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(value(&m, "tollgate_store_breaker_open"), Some(0.0), "{m}");
+    assert!(calls(&m, "ok") > 5.0, "{m}");
+}
