@@ -202,6 +202,21 @@ routes:
     assert!(!m.contains(TOKEN), "a token in the metrics");
     promtool_check(&m);
 
+    // The top offenders: the client as an operator writes it, with its
+    // rejections (the dry-run one counts too: who would be refused).
+    let admin = proxy.admin.unwrap();
+    let top = get(admin, "/api/top?limit=tight&n=5").await;
+    assert_eq!(top.status, 200);
+    let t = &top.json()["limits"][0];
+    assert_eq!(t["route"], "limited");
+    assert_eq!(t["top"][0]["key"], "127.0.0.1");
+    assert_eq!(t["top"][0]["rejections"], 2);
+    let trial = get(admin, "/api/top?limit=trial").await.json();
+    assert_eq!(trial["limits"][0]["top"][0]["rejections"], 1);
+    let nope = get(admin, "/api/top?limit=nope").await;
+    assert_eq!(nope.status, 404);
+    assert_eq!(nope.json()["status"], 404);
+
     // OpenMetrics when the scraper asks for it.
     let om = scrape(&proxy, Some("application/openmetrics-text; version=1.0.0")).await;
     assert!(om.headers["content-type"]

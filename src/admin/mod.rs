@@ -6,6 +6,7 @@
 //! every replica out of the load balancer would not bring Redis back).
 //! `/metrics` serves the Prometheus exposition (OpenMetrics when the scraper
 //! asks for `application/openmetrics-text`); see `crate::metrics`.
+//! `/api/top?limit=<name>` lists the keys a limit rejected most lately.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +49,59 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
 
 const OPENMETRICS: &str = "application/openmetrics-text";
 
+/// `GET /api/top?limit=<name>[&route=<route>][&n=10]`: the keys each limit
+/// of that name rejected most in the last few minutes.
+fn top(query: &str, state: &AdminState) -> (StatusCode, serde_json::Value) {
+    let param = |name: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    };
+    let Some(limit) = param("limit") else {
+        return (
+            StatusCode::BAD_REQUEST,
+            problem(
+                400,
+                "Bad Request",
+                "name the limit: /api/top?limit=<name>&n=10".into(),
+            ),
+        );
+    };
+    let n = param("n")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+        .clamp(1, crate::metrics::top::CAPACITY);
+    let found = state.pipeline.metrics().top(limit, param("route"), n);
+    if found.is_empty() {
+        return (
+            StatusCode::NOT_FOUND,
+            problem(404, "Not Found", format!("no limit named \"{limit}\"")),
+        );
+    }
+    let limits: Vec<serde_json::Value> = found
+        .into_iter()
+        .map(|(l, offenders)| {
+            serde_json::json!({
+                "tier": l.tier,
+                "route": &*l.route,
+                "limit": &*l.name,
+                "window_seconds": crate::metrics::top::WINDOW.as_secs(),
+                "top": offenders
+                    .iter()
+                    .map(|o| serde_json::json!({ "key": o.key, "rejections": o.count, "error": o.error }))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    (StatusCode::OK, serde_json::json!({ "limits": limits }))
+}
+
+fn problem(status: u16, title: &str, detail: String) -> serde_json::Value {
+    serde_json::json!({ "type": "about:blank", "title": title, "status": status, "detail": detail })
+}
+
 fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
     if req.uri().path() == "/metrics" {
         let openmetrics = req
@@ -69,6 +123,7 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
         return resp;
     }
     let (status, body) = match req.uri().path() {
+        "/api/top" => top(req.uri().query().unwrap_or(""), state),
         "/healthz" => (StatusCode::OK, serde_json::json!({ "status": "ok" })),
         "/readyz" => {
             let listeners: Vec<_> = state
@@ -94,15 +149,14 @@ fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> 
         }
         other => (
             StatusCode::NOT_FOUND,
-            serde_json::json!({
-                "type": "about:blank",
-                "title": "Not Found",
-                "status": 404,
-                "detail": format!("no admin endpoint {other}; try /healthz, /readyz or /metrics"),
-            }),
+            problem(
+                404,
+                "Not Found",
+                format!("no admin endpoint {other}; try /healthz, /readyz, /metrics or /api/top"),
+            ),
         ),
     };
-    let content_type = if status == StatusCode::NOT_FOUND {
+    let content_type = if status.is_client_error() {
         "application/problem+json"
     } else {
         "application/json"

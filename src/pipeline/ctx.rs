@@ -41,6 +41,9 @@ pub struct Ctx<'p> {
     pub counted: Vec<(Origin, Outcome)>,
     /// How long zone delays held the request.
     pub delayed_ms: u64,
+    /// The keys a limit rejected (enforced or dry run), for the top
+    /// offenders; empty unless something was rejected.
+    pub rejected_keys: Vec<(Origin, String)>,
     /// The access record and the held `max_conn` slots, settled when the
     /// response body ends.
     pub end: RequestEnd,
@@ -58,6 +61,7 @@ impl<'p> Ctx<'p> {
             deferred: Vec::new(),
             counted: Vec::new(),
             delayed_ms: 0,
+            rejected_keys: Vec::new(),
             end,
         }
     }

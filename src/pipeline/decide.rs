@@ -146,6 +146,9 @@ pub async fn decide(
                 Verdict::Delay(_) | Verdict::Allow => Outcome::Allowed,
             };
             cx.counted.push((item.origin, outcome));
+            if matches!(outcome, Outcome::Rejected | Outcome::DryRunRejected) {
+                cx.rejected_keys.push((item.origin, item.key.clone()));
+            }
         }
         match verdict(decided) {
             Verdict::Allow => {}

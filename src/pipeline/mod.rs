@@ -175,13 +175,20 @@ impl Pipeline {
             m.bypass(b as usize);
         }
         let authenticated = matches!(cx.identity, identity::Identity::User(_));
+        let index = |origin| match (origin, cx.route) {
+            (Origin::Zone(z), _) => Some(z),
+            (Origin::Route(i), Some(r)) => Some(self.limit_base[r.index] + i),
+            (Origin::Route(_), None) => None,
+        };
         for &(origin, outcome) in &cx.counted {
-            let limit = match (origin, cx.route) {
-                (Origin::Zone(z), _) => z,
-                (Origin::Route(i), Some(r)) => self.limit_base[r.index] + i,
-                (Origin::Route(_), None) => continue,
-            };
-            m.decision(limit, outcome, authenticated);
+            if let Some(limit) = index(origin) {
+                m.decision(limit, outcome, authenticated);
+            }
+        }
+        for (origin, key) in &cx.rejected_keys {
+            if let Some(limit) = index(*origin) {
+                m.rejected_key(limit, key);
+            }
         }
         if cx.delayed_ms > 0 {
             m.delay(std::time::Duration::from_millis(cx.delayed_ms));

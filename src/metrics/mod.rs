@@ -11,9 +11,13 @@
 //! Families that live elsewhere (store calls, tracked keys) are read from
 //! their owners at scrape time through [`Sources`].
 
+pub mod top;
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use self::top::{Offender, TopKeys};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -129,6 +133,8 @@ pub struct Metrics {
     delays: Histogram,
     bypass: [AtomicU64; 4],
     connections_open: Box<[AtomicI64]>,
+    /// Per limit: the keys with the most rejections lately.
+    top: Box<[TopKeys]>,
 }
 
 impl Metrics {
@@ -146,6 +152,10 @@ impl Metrics {
             routes: route_names.into(),
             decisions: (0..limits.len() * OUTCOMES.len() * USER_TYPES.len())
                 .map(|_| AtomicU64::new(0))
+                .collect(),
+            top: limits
+                .iter()
+                .map(|_| TopKeys::new(Instant::now()))
                 .collect(),
             limits: limits.into(),
             delays: Histogram::new(&DELAY_BOUNDS),
@@ -179,6 +189,30 @@ impl Metrics {
         if let Some(c) = self.decisions.get(cell) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A rejection (enforced or dry run) of `key` by `limit`, for the top
+    /// offenders. Called on the rejection path only.
+    pub fn rejected_key(&self, limit: usize, key: &str) {
+        if let Some(t) = self.top.get(limit) {
+            t.record(top::display(key), Instant::now());
+        }
+    }
+
+    /// The top `n` offenders of every limit named `name` (and on `route`,
+    /// when given): `(label, offenders)`; empty when no limit matches.
+    pub fn top(
+        &self,
+        name: &str,
+        route: Option<&str>,
+        n: usize,
+    ) -> Vec<(LimitLabel, Vec<Offender>)> {
+        self.limits
+            .iter()
+            .zip(self.top.iter())
+            .filter(|(l, _)| &*l.name == name && route.is_none_or(|r| &*l.route == r))
+            .map(|(l, t)| (l.clone(), t.top(n)))
+            .collect()
     }
 
     pub fn delay(&self, d: Duration) {
