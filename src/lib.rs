@@ -42,6 +42,7 @@
 )]
 
 pub mod admin;
+pub mod alerts;
 pub mod config;
 pub mod error;
 pub mod limiter;

@@ -288,3 +288,149 @@ routes:
     assert_eq!(value(&m, "tollgate_store_breaker_open"), Some(0.0), "{m}");
     assert!(calls(&m, "ok") > 5.0, "{m}");
 }
+
+/// An HTTP receiver for alert webhooks: every POST's signature header and
+/// body, in order. `answer: false` accepts connections and never answers.
+async fn receiver(
+    answer: bool,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            if !answer {
+                held.push(tcp);
+                continue;
+            }
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let sig = req
+                                .headers()
+                                .get("x-tollgate-signature")
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default();
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let _ = tx.send((sig, String::from_utf8_lossy(&body).into_owned()));
+                            Ok::<_, std::convert::Infallible>(http::Response::new(empty()))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+fn alerting(hook: std::net::SocketAddr) -> String {
+    format!(
+        "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0' }}
+log: {{ access_log: false }}
+alerts:
+  cooldown: 1h
+  webhook: {{ url: 'http://{hook}/hooks/tollgate', timeout: 1s, secret: 'alert-secret-0123456789' }}
+  rules:
+    - {{ name: login_bruteforce, limit: login, rejections: 5, per: 1m }}
+    - {{ name: login_pressure, limit: login, reject_ratio: 0.5, min_requests: 10, per: 1m }}
+routes:
+  - match: {{ path: /login }}
+    respond: {{ body: ok }}
+    limits: [{{ name: login, algorithm: fixed_window, key: ip, limit: 2, window: 1h }}]
+"
+    )
+}
+
+#[tokio::test]
+async fn a_login_flood_fires_each_rule_once_with_a_signed_post() {
+    let (hook, mut posts) = receiver(true).await;
+    let proxy = TestProxy::spawn(&alerting(hook)).await;
+    for _ in 0..30 {
+        get(proxy.addr(), "/login").await;
+    }
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let post = tokio::time::timeout(Duration::from_secs(10), posts.recv())
+            .await
+            .expect("both alerts posted")
+            .unwrap();
+        got.push(post);
+    }
+    // The flood went on for 23 more rejections: still one alert per rule.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(posts.try_recv().is_err(), "an alert fired twice");
+    let mut alerts = Vec::new();
+    for (sig, body) in &got {
+        let expected =
+            tollgate::pipeline::webhook::sign(b"alert-secret-0123456789", &[body.as_bytes()]);
+        assert_eq!(sig, &format!("sha256={expected}"), "signed with the secret");
+        alerts.push(serde_json::from_str::<serde_json::Value>(body).unwrap());
+    }
+    alerts.sort_by_key(|a| a["alert"].as_str().unwrap().to_owned());
+    assert_eq!(alerts[0]["alert"], "login_bruteforce");
+    assert_eq!(alerts[0]["limit"], "login");
+    assert_eq!(alerts[0]["key"], "127.0.0.1");
+    assert_eq!(alerts[0]["count"], 5);
+    assert_eq!(alerts[0]["window_seconds"], 60);
+    assert_eq!(alerts[1]["alert"], "login_pressure");
+    assert_eq!(alerts[1]["key"], "-");
+    let m = text(&scrape(&proxy, None).await);
+    assert_eq!(
+        value(&m, r#"tollgate_alerts_total{rule="login_bruteforce"}"#),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, r#"tollgate_alerts_total{rule="login_pressure"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&m, r#"tollgate_alert_deliveries_total{result="ok"}"#),
+        Some(2.0)
+    );
+    promtool_check(&m);
+}
+
+#[tokio::test]
+async fn a_dead_alert_receiver_holds_up_no_request() {
+    let (hook, _posts) = receiver(false).await;
+    let proxy = TestProxy::spawn(&alerting(hook)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(get(proxy.addr(), "/login").await.status.as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        28,
+        "every request answered"
+    );
+    // Each delivery gives up after the webhook timeout (1 s), counted.
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = text(&scrape(&proxy, None).await);
+        if value(&m, r#"tollgate_alert_deliveries_total{result="failed"}"#) == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        value(&m, r#"tollgate_alert_deliveries_total{result="failed"}"#),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, r#"tollgate_alerts_total{rule="login_bruteforce"}"#),
+        Some(1.0)
+    );
+}

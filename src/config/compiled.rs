@@ -29,6 +29,67 @@ pub struct Config {
     /// One memory partition per zone, then one per route limit.
     pub store_zones: Vec<crate::limiter::memory::ZoneSpec>,
     pub store: StoreConfig,
+    pub alerts: AlertsConfig,
+}
+
+/// Attack alerts: rules on limits, and where they are posted.
+#[derive(Debug, Clone)]
+pub struct AlertsConfig {
+    pub rules: Vec<AlertRule>,
+    /// A rule fires at most once per key (or limit) per cooldown.
+    pub cooldown: Duration,
+    pub webhook: Option<AlertWebhook>,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig {
+            rules: Vec::new(),
+            cooldown: Duration::from_secs(300),
+            webhook: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AlertRule {
+    pub name: Arc<str>,
+    /// Every zone and route limit with this name is watched.
+    pub limit: Arc<str>,
+    pub kind: AlertKind,
+    /// The window counts are taken over.
+    pub per: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AlertKind {
+    /// One key rejected this many times within `per`.
+    KeyRejections(u64),
+    /// The limit's rejected share over `per` reaches `ratio`, once it has
+    /// decided at least `min_requests`.
+    RejectRatio { ratio: f64, min_requests: u64 },
+}
+
+/// Where alerts are POSTed.
+#[derive(Clone)]
+pub struct AlertWebhook {
+    pub uri: http::Uri,
+    /// For https URLs.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub timeout: Duration,
+    /// HMAC-SHA256 key for the `X-Tollgate-Signature` header; never printed.
+    pub secret: Option<Vec<u8>>,
+    /// A Slack-compatible `{"text": ...}` body.
+    pub slack: bool,
+}
+
+impl std::fmt::Debug for AlertWebhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlertWebhook")
+            .field("host", &self.uri.host())
+            .field("slack", &self.slack)
+            .finish()
+    }
 }
 
 /// Where limit state lives: this process (`memory`) or Redis, shared by

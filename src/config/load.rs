@@ -25,6 +25,7 @@ const SECTIONS: &[&str] = &[
     "upstreams",
     "routes",
     "log",
+    "alerts",
 ];
 
 /// Parses YAML text into raw sections, collecting every problem found.
@@ -77,6 +78,7 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
             "zones" => raw.zones = list(value, "zones", &mut problems),
             "bypass" => raw.bypass = one(value, "bypass", &mut problems),
             "store" => raw.store = one(value, "store", &mut problems),
+            "alerts" => raw.alerts = one(value, "alerts", &mut problems),
             "identity" => raw.identity = one(value, "identity", &mut problems),
             "upstreams" => raw.upstreams = named(value, "upstreams", &mut problems),
             other => problems.push(Problem::new(

@@ -5,6 +5,7 @@
 //! (`routes[2].match.path: must start with "/", got "api"`), so `tollgate
 //! check` is one edit-and-retry loop, not one per mistake.
 
+pub mod alerts;
 pub mod checker;
 pub mod client;
 pub mod compiled;

@@ -46,6 +46,7 @@ pub struct RawConfig {
     pub zones: Vec<(String, RawZone)>,
     pub bypass: Option<RawBypass>,
     pub store: Option<RawStore>,
+    pub alerts: Option<RawAlerts>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +214,35 @@ pub struct RawZone {
     pub dry_run: Option<bool>,
     pub max_conn: Option<Text>,
     pub on_error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    pub cooldown: Option<Text>,
+    pub webhook: Option<RawAlertWebhook>,
+    #[serde(default)]
+    pub rules: Vec<RawAlertRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlertWebhook {
+    pub url: String,
+    pub timeout: Option<Text>,
+    pub secret: Option<String>,
+    pub format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlertRule {
+    pub name: String,
+    pub limit: String,
+    pub rejections: Option<Text>,
+    pub reject_ratio: Option<Text>,
+    pub min_requests: Option<Text>,
+    pub per: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

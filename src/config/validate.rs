@@ -49,8 +49,11 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
         &store,
     );
 
+    let alerts = super::alerts::alerts(raw.alerts.as_ref(), &zones, &routes, &mut c);
+
     if c.problems.is_empty() {
         Ok(Config {
+            alerts,
             listeners,
             admin,
             server,

@@ -114,6 +114,10 @@ pub trait Sources: Send + Sync {
     fn breaker_open(&self) -> Option<bool>;
     /// `(keys tracked, evictions)` per limit, in `limits` order.
     fn zone_stats(&self) -> Vec<(u64, u64)>;
+    /// `(rule, times fired)`.
+    fn alerts(&self) -> Vec<(Arc<str>, u64)>;
+    /// `(result, webhook deliveries)`: ok, failed, dropped.
+    fn alert_deliveries(&self) -> Vec<(&'static str, u64)>;
 }
 
 /// Every counter the request path adds to.
@@ -447,6 +451,22 @@ impl Collector for Scrape {
                 .iter()
                 .zip(m.connections_open.iter())
                 .map(|(l, c)| (vec![("listener", l.to_string())], c.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_alerts",
+            "Times each alert rule fired.",
+            s.alerts()
+                .into_iter()
+                .map(|(rule, n)| (vec![("rule", rule.to_string())], n)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_alert_deliveries",
+            "Alert webhook deliveries, by result (dropped: the queue was full).",
+            s.alert_deliveries()
+                .into_iter()
+                .map(|(r, n)| (vec![("result", r.to_owned())], n)),
         )?;
         gauge(
             &mut e,

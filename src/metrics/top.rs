@@ -29,31 +29,34 @@ pub struct Offender {
     pub error: u64,
 }
 
+/// One window's Space-Saving sketch (also what alert rules count with).
 #[derive(Debug, Default)]
-struct Sketch {
+pub(crate) struct Sketch {
     entries: Vec<Offender>,
     /// The entry hit last: a flood from one key finds it at once.
     last: usize,
 }
 
 impl Sketch {
-    fn record(&mut self, key: &str) {
+    /// Counts one more for `key`: its (count, error) now.
+    pub(crate) fn record(&mut self, key: &str) -> (u64, u64) {
         if let Some(e) = self.entries.get_mut(self.last).filter(|e| e.key == key) {
             e.count += 1;
-            return;
+            return (e.count, e.error);
         }
         if let Some(i) = self.entries.iter().position(|e| e.key == key) {
             self.entries[i].count += 1;
             self.last = i;
-            return;
+            return (self.entries[i].count, self.entries[i].error);
         }
         if self.entries.len() < CAPACITY {
+            self.last = self.entries.len();
             self.entries.push(Offender {
                 key: key.to_owned(),
                 count: 1,
                 error: 0,
             });
-            return;
+            return (1, 0);
         }
         // Replace the smallest, reusing its string's allocation.
         if let Some((i, min)) = self
@@ -67,7 +70,14 @@ impl Sketch {
             min.key.clear();
             min.key.push_str(key);
             self.last = i;
+            return (min.count, min.error);
         }
+        (1, 0)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.last = 0;
     }
 }
 
@@ -101,7 +111,7 @@ impl TopKeys {
         if now.duration_since(w.started) >= WINDOW {
             let w = &mut *w;
             std::mem::swap(&mut w.previous, &mut w.current);
-            w.current.entries.clear();
+            w.current.clear();
             w.started = now;
         }
         w.current.record(key);

@@ -43,7 +43,7 @@ pub struct Ctx<'p> {
     pub delayed_ms: u64,
     /// The keys a limit rejected (enforced or dry run), for the top
     /// offenders; empty unless something was rejected.
-    pub rejected_keys: Vec<(Origin, String)>,
+    pub rejected_keys: Vec<(Origin, Outcome, String)>,
     /// The access record and the held `max_conn` slots, settled when the
     /// response body ends.
     pub end: RequestEnd,

@@ -147,7 +147,8 @@ pub async fn decide(
             };
             cx.counted.push((item.origin, outcome));
             if matches!(outcome, Outcome::Rejected | Outcome::DryRunRejected) {
-                cx.rejected_keys.push((item.origin, item.key.clone()));
+                cx.rejected_keys
+                    .push((item.origin, outcome, item.key.clone()));
             }
         }
         match verdict(decided) {

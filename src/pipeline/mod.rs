@@ -57,11 +57,12 @@ use self::record::{AccessRecord, RequestEnd};
 use self::route::RouteMatch;
 use self::upstream::Upstream;
 use self::zones::Zones;
+use crate::alerts::Alerts;
 use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
 use crate::listener::conn::ConnState;
-use crate::metrics::{LimitLabel, Metrics, Sources};
+use crate::metrics::{LimitLabel, Metrics, Outcome, Sources};
 
 /// Everything a request needs, shared by all connections.
 pub struct Pipeline {
@@ -89,6 +90,8 @@ pub struct Pipeline {
     limit_base: Box<[usize]>,
     /// Per metrics limit: its memory partition, for keys and evictions.
     partitions: Box<[usize]>,
+    /// Attack alert rules on the limits.
+    alerts: Arc<Alerts>,
 }
 
 /// What the listener knows about a connection.
@@ -131,9 +134,11 @@ impl Pipeline {
             }
         }
         let listeners: Vec<&str> = config.listeners.iter().map(|l| l.name.as_str()).collect();
+        let limit_names: Vec<Arc<str>> = limits.iter().map(|l| l.name.clone()).collect();
         let route_names: Vec<Arc<str>> = routes.iter().map(|r| r.name.clone()).collect();
         Pipeline {
             metrics: Arc::new(Metrics::new(&listeners, &route_names, limits)),
+            alerts: Alerts::new(&config.alerts, &limit_names),
             limit_base: limit_base.into(),
             partitions: partitions.into(),
             routes,
@@ -183,11 +188,18 @@ impl Pipeline {
         for &(origin, outcome) in &cx.counted {
             if let Some(limit) = index(origin) {
                 m.decision(limit, outcome, authenticated);
+                if outcome != Outcome::Rejected && self.alerts.watches(limit) {
+                    self.alerts.decided(limit, None);
+                }
             }
         }
-        for (origin, key) in &cx.rejected_keys {
+        for (origin, outcome, key) in &cx.rejected_keys {
             if let Some(limit) = index(*origin) {
                 m.rejected_key(limit, key);
+                if *outcome == Outcome::Rejected && self.alerts.watches(limit) {
+                    self.alerts
+                        .decided(limit, Some(crate::metrics::top::display(key)));
+                }
             }
         }
         if cx.delayed_ms > 0 {
@@ -406,6 +418,14 @@ impl Sources for Pipeline {
 
     fn breaker_open(&self) -> Option<bool> {
         self.engine.redis().map(|r| !r.is_up())
+    }
+
+    fn alerts(&self) -> Vec<(Arc<str>, u64)> {
+        self.alerts.fired()
+    }
+
+    fn alert_deliveries(&self) -> Vec<(&'static str, u64)> {
+        self.alerts.deliveries()
     }
 
     fn zone_stats(&self) -> Vec<(u64, u64)> {

@@ -110,3 +110,29 @@ fn defaults_fill_everything_left_out() {
     assert_eq!(c.log.format, LogFormat::Pretty);
     assert!(c.log.access_log);
 }
+
+#[test]
+fn alert_problems_are_reported_with_their_paths() {
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+zones: [{ name: per_ip, rate: 10r/s }]
+alerts:
+  webhook: { url: 'ftp://example.com/x', secret: short, format: teams }
+  rules:
+    - { name: a, limit: per_ip, rejections: 5 }
+    - { name: a, limit: nope, reject_ratio: 1.5 }
+    - { name: b, limit: per_ip, rejections: 5, reject_ratio: 0.5 }
+routes: [{ match: { path: / }, respond: {} }]
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &[
+            "alerts.webhook.url: expected an http:// or https:// URL, got \"ftp://example.com/x\"",
+            "alerts.rules[1].name: needs a name of its own, got \"a\"",
+            "alerts.rules[1].limit: no zone or route limit is named \"nope\"",
+            "alerts.rules[1].reject_ratio: expected a share above 0 and at most 1, got \"1.5\"",
+            "alerts.rules[2]: set exactly one of rejections (per key) and reject_ratio (per limit)",
+        ],
+    );
+}
