@@ -22,6 +22,24 @@ async fn scrape(proxy: &TestProxy, accept: Option<&str>) -> Got {
     send1(&mut c, req.body(empty()).unwrap()).await
 }
 
+/// A GET from 127.0.0.2, so the client's address differs from every
+/// address in the config (all 127.0.0.1).
+async fn get_from(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::get(path).header("host", "api.test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send1(&mut sender, req.body(empty()).unwrap()).await
+}
+
 fn text(got: &Got) -> String {
     String::from_utf8(got.body.to_vec()).unwrap()
 }
@@ -92,15 +110,15 @@ routes:
     let addr = proxy.addr();
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        statuses.push(get(addr, "/limited").await.status.as_u16());
+        statuses.push(get_from(addr, "/limited", &[]).await.status.as_u16());
     }
     assert_eq!(statuses, [200, 200, 429, 429]);
-    let bypassed = send_with(addr, "GET", "/limited", &[("x-bypass-token", TOKEN)], b"").await;
+    let bypassed = get_from(addr, "/limited", &[("x-bypass-token", TOKEN)]).await;
     assert_eq!(bypassed.status, 200);
     // Five at once against burst 3, delay 1: two pass, two wait, one is
     // refused.
     let slow: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(async move { get(addr, "/slow").await.status.as_u16() }))
+        .map(|_| tokio::spawn(async move { get_from(addr, "/slow", &[]).await.status.as_u16() }))
         .collect();
     let mut slow_statuses = Vec::new();
     for s in slow {
@@ -108,7 +126,7 @@ routes:
     }
     slow_statuses.sort_unstable();
     assert_eq!(slow_statuses, [200, 200, 200, 200, 429]);
-    assert_eq!(get(addr, "/bad").await.status, 502);
+    assert_eq!(get_from(addr, "/bad", &[]).await.status, 502);
 
     // A request is counted when its response ends: wait for the last one.
     let mut m = String::new();
@@ -190,6 +208,21 @@ routes:
             1.0,
         ),
         (r#"tollgate_build_info{version="0.1.0"}"#, 1.0),
+        (
+            &format!(
+                r#"tollgate_upstream_requests_total{{upstream="api",target="{}",result="ok"}}"#,
+                up.addr
+            ),
+            7.0,
+        ),
+        (
+            &format!(r#"tollgate_upstream_cooldowns_total{{upstream="gone",target="{dead}"}}"#),
+            1.0,
+        ),
+        (
+            r#"tollgate_upstream_duration_seconds_count{upstream="api"}"#,
+            7.0,
+        ),
     ];
     for (series, want) in expect {
         assert_eq!(value(&m, series), Some(want), "{series}\n{m}");
@@ -198,7 +231,10 @@ routes:
         value(&m, r#"tollgate_connections_open{listener="plain"}"#).is_some(),
         "{m}"
     );
-    assert!(!m.contains("127.0.0.1"), "a client IP in the metrics:\n{m}");
+    assert!(
+        !m.contains("127.0.0.2"),
+        "the client's IP in the metrics:\n{m}"
+    );
     assert!(!m.contains(TOKEN), "a token in the metrics");
     promtool_check(&m);
 
@@ -209,7 +245,7 @@ routes:
     assert_eq!(top.status, 200);
     let t = &top.json()["limits"][0];
     assert_eq!(t["route"], "limited");
-    assert_eq!(t["top"][0]["key"], "127.0.0.1");
+    assert_eq!(t["top"][0]["key"], "127.0.0.2");
     assert_eq!(t["top"][0]["rejections"], 2);
     let trial = get(admin, "/api/top?limit=trial").await.json();
     assert_eq!(trial["limits"][0]["top"][0]["rejections"], 1);
@@ -432,5 +468,65 @@ async fn a_dead_alert_receiver_holds_up_no_request() {
     assert_eq!(
         value(&m, r#"tollgate_alerts_total{rule="login_bruteforce"}"#),
         Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn failed_tls_handshakes_and_waits_at_the_connection_cap_are_counted() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("api", &["api.example.com"]);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ name: public, bind: '127.0.0.1:0', tls: {{ handshake_timeout: 1s, certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}]
+admin: {{ bind: '127.0.0.1:0' }}
+log: {{ access_log: false }}
+server: {{ max_connections: 1, header_read_timeout: 1s }}
+routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
+"
+    ))
+    .await;
+    // Not TLS at all: the handshake fails.
+    let mut s = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut [0u8; 64])).await;
+    drop(s);
+    // One slot: a second connection waits for the first to be closed (its
+    // TLS handshake never comes, so it is dropped after 1 s).
+    let hog = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut waiter = tls_connect(
+        proxy.addr(),
+        ca.client_config(&[b"http/1.1"]),
+        "api.example.com",
+    )
+    .await;
+    waiter
+        .write_all(b"GET / HTTP/1.1\r\nHost: api.example.com\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), waiter.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(hog);
+    let m = text(&scrape(&proxy, None).await);
+    assert!(
+        value(
+            &m,
+            r#"tollgate_tls_handshake_failures_total{listener="public"}"#
+        )
+        .unwrap()
+            >= 1.0,
+        "{m}"
+    );
+    assert!(
+        value(
+            &m,
+            r#"tollgate_connections_at_cap_total{listener="public"}"#
+        )
+        .unwrap()
+            >= 1.0,
+        "{m}"
     );
 }

@@ -16,6 +16,7 @@ use super::redis::{RedisOptions, RedisStore};
 use super::{
     decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
 };
+use crate::metrics::{Histogram, HistogramSnapshot, CALL_BOUNDS};
 
 pub struct Engine {
     /// The store when no Redis is configured; the `local` fallback otherwise.
@@ -28,6 +29,8 @@ pub struct Engine {
     calls: [AtomicU64; 3],
     /// Requests decided by each failure mode: fail_open, fail_closed, local.
     fallbacks: [AtomicU64; 3],
+    /// How long Redis took to decide (only with Redis: a clock read a call).
+    durations: Histogram,
 }
 
 impl Engine {
@@ -40,6 +43,7 @@ impl Engine {
             degraded: (AtomicU64::new(0), AtomicU64::new(0)),
             calls: Default::default(),
             fallbacks: Default::default(),
+            durations: Histogram::new(&CALL_BOUNDS),
         }
     }
 
@@ -81,6 +85,11 @@ impl Engine {
             .zip(&self.calls)
             .map(|(result, n)| (store, result, n.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// Redis decision latency, for metrics (`None` without Redis).
+    pub fn durations(&self) -> Option<HistogramSnapshot> {
+        self.redis.as_ref().map(|_| self.durations.snapshot())
     }
 
     /// `(mode, requests)` decided by each failure mode, for metrics.
@@ -176,7 +185,10 @@ impl Store for Engine {
             self.calls[0].fetch_add(1, Ordering::Relaxed);
             return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
         };
-        match redis.decide(checks).await {
+        let started = std::time::Instant::now();
+        let decided = redis.decide(checks).await;
+        self.durations.observe(started.elapsed());
+        match decided {
             Ok(outcome) => {
                 self.calls[0].fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)

@@ -240,10 +240,14 @@ async fn accept_loop(
         if *stop.borrow() {
             return;
         }
+        let at_cap = slots.available_permits() == 0;
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
             _ = stop.changed() => return,
         };
+        if at_cap {
+            ctx.pipeline.metrics().waited_at_cap(ctx.index);
+        }
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -316,8 +320,14 @@ async fn serve_stream<I>(
         Some((acceptor, handshake_timeout)) => {
             match tokio::time::timeout(*handshake_timeout, acceptor.accept(io)).await {
                 Ok(Ok(tls)) => conn::serve(tls, &ctx, info, stop).await,
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                Ok(Err(e)) => {
+                    ctx.pipeline.metrics().tls_failed(ctx.index);
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    ctx.pipeline.metrics().tls_failed(ctx.index);
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                }
             }
         }
     }

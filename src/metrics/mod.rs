@@ -48,15 +48,23 @@ const DELAY_BOUNDS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 /// A fixed-bucket histogram of atomics.
 #[derive(Debug)]
-struct Histogram {
+pub struct Histogram {
     bounds: &'static [f64],
     /// One per bound, then +Inf; not cumulative.
     buckets: Box<[AtomicU64]>,
     sum_us: AtomicU64,
 }
 
+/// `(sum in seconds, count, non-cumulative buckets with their bounds)`.
+pub type HistogramSnapshot = (f64, u64, Vec<(f64, u64)>);
+
+/// Bounds for the latency of one call (store, upstream response head).
+pub const CALL_BOUNDS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    pub fn new(bounds: &'static [f64]) -> Self {
         Histogram {
             bounds,
             buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -64,7 +72,7 @@ impl Histogram {
         }
     }
 
-    fn observe(&self, d: Duration) {
+    pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
         let i = self
             .bounds
@@ -76,7 +84,7 @@ impl Histogram {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
-    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+    pub fn snapshot(&self) -> HistogramSnapshot {
         let mut count = 0;
         let buckets = self
             .buckets
@@ -103,8 +111,23 @@ pub struct LimitLabel {
     pub route: Arc<str>,
 }
 
+/// One upstream's figures, read at scrape time.
+#[derive(Debug)]
+pub struct UpstreamReport {
+    pub name: Arc<str>,
+    /// Per target: responses, errors, timeouts, retries, cool-downs.
+    pub targets: Vec<(Arc<str>, [u64; 5])>,
+    /// Time to the response head.
+    pub duration: HistogramSnapshot,
+}
+
 /// Read at scrape time from the parts that own them.
 pub trait Sources: Send + Sync {
+    /// Redis script calls (one per batch of requests), `None` without Redis.
+    fn script_calls(&self) -> Option<u64>;
+    /// Latency of the store's decisions (Redis only).
+    fn store_durations(&self) -> Option<HistogramSnapshot>;
+    fn upstreams(&self) -> Vec<UpstreamReport>;
     /// `(store, result, calls)`: `store` is memory or redis, `result` ok,
     /// error or timeout.
     fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)>;
@@ -137,6 +160,10 @@ pub struct Metrics {
     delays: Histogram,
     bypass: [AtomicU64; 4],
     connections_open: Box<[AtomicI64]>,
+    /// Per listener: TLS handshakes failed or timed out.
+    tls_failures: Box<[AtomicU64]>,
+    /// Per listener: connections accepted only after waiting for a slot.
+    at_cap: Box<[AtomicU64]>,
     /// Per limit: the keys with the most rejections lately.
     top: Box<[TopKeys]>,
 }
@@ -165,6 +192,8 @@ impl Metrics {
             delays: Histogram::new(&DELAY_BOUNDS),
             bypass: Default::default(),
             connections_open: listeners.iter().map(|_| AtomicI64::new(0)).collect(),
+            tls_failures: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
+            at_cap: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -236,6 +265,19 @@ impl Metrics {
         }
     }
 
+    pub fn tls_failed(&self, listener: usize) {
+        if let Some(c) = self.tls_failures.get(listener) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A connection that waited because `max_connections` were open.
+    pub fn waited_at_cap(&self, listener: usize) {
+        if let Some(c) = self.at_cap.get(listener) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn connection_closed(&self, listener: usize) {
         if let Some(c) = self.connections_open.get(listener) {
             c.fetch_sub(1, Ordering::Relaxed);
@@ -301,15 +343,14 @@ fn gauge(
     Ok(())
 }
 
-fn histograms<'h>(
+fn histograms(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, &'h Histogram)>,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, HistogramSnapshot)>,
 ) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
-    for (labels, h) in series {
-        let (sum, count, buckets) = h.snapshot();
+    for (labels, (sum, count, buckets)) in series {
         family
             .encode_family(&labels)?
             .encode_histogram::<Vec<(&str, String)>>(sum, count, &buckets, None)?;
@@ -351,7 +392,7 @@ impl Collector for Scrape {
             m.routes
                 .iter()
                 .zip(m.durations.iter())
-                .map(|(r, h)| (vec![("route", r.to_string())], h)),
+                .map(|(r, h)| (vec![("route", r.to_string())], h.snapshot())),
         )?;
         let mut decisions = Vec::new();
         for (i, limit) in m.limits.iter().enumerate() {
@@ -374,7 +415,7 @@ impl Collector for Scrape {
             &mut e,
             "tollgate_limit_delay_seconds",
             "How long zone delays (nginx burst without nodelay) held requests.",
-            [(Vec::new(), &m.delays)],
+            [(Vec::new(), m.delays.snapshot())],
         )?;
         counter(
             &mut e,
@@ -404,6 +445,22 @@ impl Collector for Scrape {
                 .into_iter()
                 .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
         )?;
+        if let Some(n) = s.script_calls() {
+            counter(
+                &mut e,
+                "tollgate_store_script_calls",
+                "Redis script calls (EVALSHA); one may decide a batch of requests.",
+                [(Vec::new(), n)],
+            )?;
+        }
+        if let Some(h) = s.store_durations() {
+            histograms(
+                &mut e,
+                "tollgate_store_call_duration_seconds",
+                "Time the Redis store took to decide a request.",
+                [(vec![("store", "redis".to_owned())], h)],
+            )?;
+        }
         if let Some(open) = s.breaker_open() {
             gauge(
                 &mut e,
@@ -451,6 +508,69 @@ impl Collector for Scrape {
                 .iter()
                 .zip(m.connections_open.iter())
                 .map(|(l, c)| (vec![("listener", l.to_string())], c.load(Ordering::Relaxed))),
+        )?;
+        let upstreams = s.upstreams();
+        const RESULTS: [&str; 3] = ["ok", "error", "timeout"];
+        counter(
+            &mut e,
+            "tollgate_upstream_requests",
+            "Requests sent upstream, by upstream, target and result (ok: a response head came back).",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().flat_map(move |(t, n)| {
+                    RESULTS.iter().enumerate().map(move |(i, r)| {
+                        (vec![("upstream", u.name.to_string()), ("target", t.to_string()), ("result", (*r).to_owned())], n[i])
+                    })
+                })
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_upstream_retries",
+            "Requests sent again on a fresh connection after a pooled one closed under them.",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().map(move |(t, n)| {
+                    (
+                        vec![("upstream", u.name.to_string()), ("target", t.to_string())],
+                        n[3],
+                    )
+                })
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_upstream_cooldowns",
+            "Times a target was put in cool-down after a failed connect.",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().map(move |(t, n)| {
+                    (
+                        vec![("upstream", u.name.to_string()), ("target", t.to_string())],
+                        n[4],
+                    )
+                })
+            }),
+        )?;
+        histograms(
+            &mut e,
+            "tollgate_upstream_duration_seconds",
+            "Time from sending a request upstream to its response head.",
+            upstreams
+                .into_iter()
+                .map(|u| (vec![("upstream", u.name.to_string())], u.duration)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_tls_handshake_failures",
+            "TLS handshakes that failed or timed out, by listener.",
+            m.listeners
+                .iter()
+                .zip(m.tls_failures.iter())
+                .map(|(l, n)| (vec![("listener", l.to_string())], n.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_connections_at_cap",
+            "Connections accepted only after waiting because max_connections were open, by listener.",
+            m.listeners.iter().zip(m.at_cap.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.load(Ordering::Relaxed))),
         )?;
         counter(
             &mut e,

@@ -408,6 +408,18 @@ fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
 }
 
 impl Sources for Pipeline {
+    fn script_calls(&self) -> Option<u64> {
+        self.engine.redis().map(|r| r.calls())
+    }
+
+    fn store_durations(&self) -> Option<crate::metrics::HistogramSnapshot> {
+        self.engine.durations()
+    }
+
+    fn upstreams(&self) -> Vec<crate::metrics::UpstreamReport> {
+        self.upstreams.iter().map(|u| u.report()).collect()
+    }
+
     fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)> {
         self.engine.calls()
     }

@@ -30,6 +30,7 @@ use self::pool::{Pool, Pooled};
 use super::body::{RequestBody, RequestBodyError};
 use crate::config::{HostHeader, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
 
 /// Idle connections younger than this are reused without keeping a copy of
 /// the request for a retry: no upstream closes a keep-alive connection that
@@ -50,6 +51,8 @@ pub struct Upstream {
     tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
     /// Origin for the cool-down clock kept in atomics.
     epoch: Instant,
+    /// Time to the response head, for metrics.
+    duration: Histogram,
 }
 
 struct TargetState {
@@ -63,7 +66,15 @@ struct TargetState {
     pool: Arc<Pool>,
     /// Milliseconds since `epoch` until which this target is skipped.
     down_until_ms: AtomicU64,
+    /// For metrics: responses, errors, timeouts, retries, cool-downs.
+    stats: [AtomicU64; 5],
 }
+
+const OK: usize = 0;
+const ERROR: usize = 1;
+const TIMEOUT: usize = 2;
+const RETRY: usize = 3;
+const COOLDOWN: usize = 4;
 
 /// A response head from the upstream, with the connection to return to the
 /// pool once its body has been read.
@@ -86,6 +97,7 @@ impl Upstream {
                     .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                 pool: Arc::new(Pool::new(cfg.max_idle_per_target, cfg.idle_timeout)),
                 down_until_ms: AtomicU64::new(0),
+                stats: Default::default(),
             })
             .collect();
         Upstream {
@@ -101,6 +113,25 @@ impl Upstream {
                 .as_ref()
                 .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone())),
             epoch: Instant::now(),
+            duration: Histogram::new(&CALL_BOUNDS),
+        }
+    }
+
+    /// This upstream's figures, for metrics.
+    pub fn report(&self) -> UpstreamReport {
+        UpstreamReport {
+            name: self.name.clone(),
+            targets: self
+                .targets
+                .iter()
+                .map(|t| {
+                    (
+                        t.authority.clone(),
+                        t.stats.each_ref().map(|n| n.load(Ordering::Relaxed)),
+                    )
+                })
+                .collect(),
+            duration: self.duration.snapshot(),
         }
     }
 
@@ -119,6 +150,7 @@ impl Upstream {
     ) -> Result<Exchange, ProxyError> {
         let replayable = is_idempotent(req.method()) && http_body::Body::is_end_stream(req.body());
         let target_host = !req.headers().contains_key(HOST);
+        let sending = Instant::now();
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
@@ -158,6 +190,7 @@ impl Upstream {
                                     self.now_ms() + self.cooldown.as_millis() as u64,
                                     Ordering::Relaxed,
                                 );
+                                target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
                                 tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
                                 last_connect_error = format!("{}: {e}", target.authority);
                                 break;
@@ -176,26 +209,34 @@ impl Upstream {
                         tokio::time::timeout(self.timeout, conn.sender.try_send_request(req)).await;
                     match sent {
                         Err(_) => {
+                            target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
                             return Err(ProxyError::UpstreamTimeout {
                                 upstream: self.name.to_string(),
                                 seconds: self.timeout.as_secs_f64(),
-                            })
+                            });
                         }
-                        Ok(Ok(response)) => return Ok(Exchange { response, conn }),
+                        Ok(Ok(response)) => {
+                            target.stats[OK].fetch_add(1, Ordering::Relaxed);
+                            self.duration.observe(sending.elapsed());
+                            return Ok(Exchange { response, conn });
+                        }
                         Ok(Err(mut e)) => {
                             let reused = idle_for.is_some();
                             if let Some(back) = e.take_message() {
                                 if reused {
+                                    target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
                                     req = back;
                                     pooled_first = false;
                                     continue;
                                 }
                             } else if let (true, Some(head)) = (reused, retry_head) {
                                 tracing::debug!(upstream = %self.name, target = %target.authority, "pooled connection closed under us; retrying on a fresh one");
+                                target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
                                 req = head;
                                 pooled_first = false;
                                 continue;
                             }
+                            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
                             return Err(self.classify(e.into_error()));
                         }
                     }
