@@ -40,6 +40,20 @@ async fn get_from(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str
     send1(&mut sender, req.body(empty()).unwrap()).await
 }
 
+/// Scrapes until `done` holds (at most 5 s; counters move when responses
+/// end, a moment after the client has read them), and returns the last.
+async fn scrape_until(proxy: &TestProxy, done: impl Fn(&str) -> bool) -> String {
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = text(&scrape(proxy, None).await);
+        if done(&m) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    m
+}
+
 fn text(got: &Got) -> String {
     String::from_utf8(got.body.to_vec()).unwrap()
 }
@@ -129,18 +143,13 @@ routes:
     assert_eq!(get_from(addr, "/bad", &[]).await.status, 502);
 
     // A request is counted when its response ends: wait for the last one.
-    let mut m = String::new();
-    for _ in 0..50 {
-        m = text(&scrape(&proxy, None).await);
-        if value(
-            &m,
+    let m = scrape_until(&proxy, |m| {
+        value(
+            m,
             r#"tollgate_requests_total{listener="plain",route="bad",code="502"}"#,
         ) == Some(1.0)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let expect = [
         (
             r#"tollgate_requests_total{listener="plain",route="limited",code="200"}"#,
@@ -452,14 +461,10 @@ async fn a_dead_alert_receiver_holds_up_no_request() {
         "every request answered"
     );
     // Each delivery gives up after the webhook timeout (1 s), counted.
-    let mut m = String::new();
-    for _ in 0..50 {
-        m = text(&scrape(&proxy, None).await);
-        if value(&m, r#"tollgate_alert_deliveries_total{result="failed"}"#) == Some(2.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let m = scrape_until(&proxy, |m| {
+        value(m, r#"tollgate_alert_deliveries_total{result="failed"}"#) == Some(2.0)
+    })
+    .await;
     assert_eq!(
         value(&m, r#"tollgate_alert_deliveries_total{result="failed"}"#),
         Some(2.0),

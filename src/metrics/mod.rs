@@ -523,31 +523,26 @@ impl Collector for Scrape {
                 })
             }),
         )?;
+        // Per target: the counter at `i` of each target's five.
+        let per_target = |i: usize| {
+            upstreams.iter().flat_map(move |u| {
+                u.targets.iter().map(move |(t, n)| {
+                    let labels = vec![("upstream", u.name.to_string()), ("target", t.to_string())];
+                    (labels, n[i])
+                })
+            })
+        };
         counter(
             &mut e,
             "tollgate_upstream_retries",
             "Requests sent again on a fresh connection after a pooled one closed under them.",
-            upstreams.iter().flat_map(|u| {
-                u.targets.iter().map(move |(t, n)| {
-                    (
-                        vec![("upstream", u.name.to_string()), ("target", t.to_string())],
-                        n[3],
-                    )
-                })
-            }),
+            per_target(3),
         )?;
         counter(
             &mut e,
             "tollgate_upstream_cooldowns",
             "Times a target was put in cool-down after a failed connect.",
-            upstreams.iter().flat_map(|u| {
-                u.targets.iter().map(move |(t, n)| {
-                    (
-                        vec![("upstream", u.name.to_string()), ("target", t.to_string())],
-                        n[4],
-                    )
-                })
-            }),
+            per_target(4),
         )?;
         histograms(
             &mut e,
