@@ -535,3 +535,70 @@ routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn the_admin_api_needs_a_token_when_one_is_set() {
+    let t1 = "admin-token-one-0123456789";
+    let t2 = "admin-token-two-0123456789";
+    let yaml = |protect: bool| {
+        format!(
+            "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: ['{t1}', '{t2}'], protect_metrics: {protect} }}
+log: {{ access_log: false }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{ body: ok }}
+    limits: [{{ name: login, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]
+"
+        )
+    };
+    let proxy = TestProxy::spawn(&yaml(false)).await;
+    let admin = proxy.admin.unwrap();
+    let ask = |token: Option<&'static str>| async move {
+        let mut c = h1(admin).await;
+        let mut req = http::Request::get("/api/top?limit=login").header("host", "admin");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        send1(&mut c, req.body(empty()).unwrap()).await
+    };
+    let none = ask(None).await;
+    assert_eq!(none.status, 401);
+    assert_eq!(none.json()["status"], 401);
+    assert!(none.headers["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Bearer"));
+    assert_eq!(
+        ask(Some("admin-token-one-012345678X")).await.status,
+        401,
+        "a near miss"
+    );
+    assert_eq!(
+        ask(Some("admin-token-two-0123456789")).await.status,
+        200,
+        "either token"
+    );
+    assert_eq!(
+        get(admin, "/healthz").await.status,
+        200,
+        "health stays open"
+    );
+    let m = scrape(&proxy, None).await;
+    assert_eq!(m.status, 200, "metrics stay open unless protect_metrics");
+    assert_eq!(
+        value(&text(&m), "tollgate_admin_unauthorized_total"),
+        Some(2.0)
+    );
+    assert!(!text(&m).contains(t1) && !text(&m).contains(t2));
+
+    let proxy = TestProxy::spawn(&yaml(true)).await;
+    assert_eq!(scrape(&proxy, None).await.status, 401);
+    let mut c = h1(proxy.admin.unwrap()).await;
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .header("authorization", format!("Bearer {t1}"))
+        .body(empty())
+        .unwrap();
+    assert_eq!(send1(&mut c, req).await.status, 200);
+}

@@ -26,6 +26,40 @@ pub struct AdminState {
     pub ready: Arc<AtomicBool>,
     pub listeners: Vec<(String, SocketAddr)>,
     pub pipeline: Arc<crate::pipeline::Pipeline>,
+    pub auth: AdminAuth,
+}
+
+/// Who may use the protected endpoints (`/api/*`, and `/metrics` with
+/// `protect_metrics`).
+#[derive(Clone, Default)]
+pub struct AdminAuth {
+    /// SHA-256 of each accepted bearer token; empty: nothing is asked.
+    pub token_hashes: Vec<[u8; 32]>,
+    pub protect_metrics: bool,
+}
+
+impl AdminAuth {
+    /// Whether `req` may use `path`: open paths always; protected ones with
+    /// a bearer token whose digest matches one configured, compared in
+    /// constant time against every one.
+    fn allows(&self, path: &str, req: &Request<Incoming>) -> bool {
+        let protected = path.starts_with("/api/") || (self.protect_metrics && path == "/metrics");
+        if !protected || self.token_hashes.is_empty() {
+            return true;
+        }
+        let Some(token) = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+        else {
+            return false;
+        };
+        crate::pipeline::bypass::token_matches(&self.token_hashes, token.trim().as_bytes())
+    }
 }
 
 pub async fn serve(listener: TcpListener, state: AdminState) {
@@ -103,6 +137,26 @@ fn problem(status: u16, title: &str, detail: String) -> serde_json::Value {
 }
 
 fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    if !state.auth.allows(req.uri().path(), req) {
+        state.pipeline.metrics().admin_unauthorized();
+        tracing::info!(path = %req.uri().path(), "admin request without a valid token");
+        let body = problem(
+            401,
+            "Unauthorized",
+            "this admin endpoint needs `Authorization: Bearer <admin.token>`".into(),
+        );
+        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+        );
+        return resp;
+    }
     if req.uri().path() == "/metrics" {
         let openmetrics = req
             .headers()

@@ -130,9 +130,24 @@ impl std::fmt::Debug for ListenerTls {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AdminConfig {
     pub bind: SocketAddr,
+    /// SHA-256 of each accepted bearer token (the tokens are not kept);
+    /// empty: no token is asked for.
+    pub token_hashes: Vec<[u8; 32]>,
+    /// `/metrics` needs the token too.
+    pub protect_metrics: bool,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("bind", &self.bind)
+            .field("tokens", &self.token_hashes.len())
+            .field("protect_metrics", &self.protect_metrics)
+            .finish()
+    }
 }
 
 /// Per-connection protections shared by every listener.

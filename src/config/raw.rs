@@ -107,6 +107,16 @@ pub struct RawCert {
 pub struct RawAdmin {
     pub enabled: Option<bool>,
     pub bind: Option<Text>,
+    pub token: Option<RawTokens>,
+    pub protect_metrics: Option<bool>,
+}
+
+/// One token or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawTokens {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]

@@ -236,7 +236,37 @@ fn admin(c: &mut Checker, raw: &RawConfig, listeners: &[ListenerConfig]) -> Opti
             );
         }
     }
-    Some(AdminConfig { bind })
+    let tokens: Vec<&String> = match a.and_then(|a| a.token.as_ref()) {
+        None => Vec::new(),
+        Some(super::raw::RawTokens::One(t)) => vec![t],
+        Some(super::raw::RawTokens::Many(ts)) => ts.iter().collect(),
+    };
+    for (i, t) in tokens.iter().enumerate() {
+        if t.len() < 16 {
+            c.report(
+                format!("admin.token[{i}]"),
+                format!(
+                    "an admin token needs at least 16 characters, this one has {}",
+                    t.len()
+                ),
+            );
+        }
+    }
+    if tokens.is_empty() && !bind.ip().is_loopback() {
+        c.report(
+            "admin.token",
+            format!("the admin listener on {bind} is reachable beyond this host: set admin.token (or bind it to 127.0.0.1)"),
+        );
+    }
+    use sha2::Digest;
+    Some(AdminConfig {
+        bind,
+        token_hashes: tokens
+            .iter()
+            .map(|t| sha2::Sha256::digest(t.as_bytes()).into())
+            .collect(),
+        protect_metrics: a.and_then(|a| a.protect_metrics).unwrap_or(false),
+    })
 }
 
 fn log(c: &mut Checker, raw: &RawConfig) -> LogConfig {

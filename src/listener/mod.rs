@@ -34,7 +34,8 @@ use conn::ConnState;
 /// Bound sockets plus everything needed to serve them.
 pub struct Server {
     listeners: Vec<Bound>,
-    admin: Option<TcpListener>,
+    /// The admin listener, and who may use its protected endpoints.
+    admin: Option<(TcpListener, admin::AdminAuth)>,
     pipeline: Arc<Pipeline>,
     server: ServerConfig,
 }
@@ -117,11 +118,18 @@ impl Server {
             });
         }
         let admin = match &config.admin {
-            Some(a) => Some(bind_socket(a.bind).map_err(|source| BindError::Listen {
-                name: "admin".into(),
-                addr: a.bind,
-                source,
-            })?),
+            Some(a) => {
+                let listener = bind_socket(a.bind).map_err(|source| BindError::Listen {
+                    name: "admin".into(),
+                    addr: a.bind,
+                    source,
+                })?;
+                let auth = admin::AdminAuth {
+                    token_hashes: a.token_hashes.clone(),
+                    protect_metrics: a.protect_metrics,
+                };
+                Some((listener, auth))
+            }
             None => None,
         };
         Ok(Server {
@@ -151,7 +159,7 @@ impl Server {
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().and_then(|a| a.local_addr().ok())
+        self.admin.as_ref().and_then(|(a, _)| a.local_addr().ok())
     }
 
     /// Serves until `shutdown` resolves, then drains.
@@ -179,13 +187,14 @@ impl Server {
             });
             accept_loops.spawn(accept_loop(b.listener, ctx, slots.clone(), stop_rx.clone()));
         }
-        let admin_task = self.admin.map(|l| {
+        let admin_task = self.admin.map(|(l, auth)| {
             tokio::spawn(admin::serve(
                 l,
                 admin::AdminState {
                     ready: ready.clone(),
                     listeners: listed,
                     pipeline: self.pipeline.clone(),
+                    auth,
                 },
             ))
         });

@@ -166,6 +166,8 @@ pub struct Metrics {
     at_cap: Box<[AtomicU64]>,
     /// Per limit: the keys with the most rejections lately.
     top: Box<[TopKeys]>,
+    /// Admin requests refused for a missing or wrong token.
+    admin_unauthorized: AtomicU64,
 }
 
 impl Metrics {
@@ -192,6 +194,7 @@ impl Metrics {
             delays: Histogram::new(&DELAY_BOUNDS),
             bypass: Default::default(),
             connections_open: listeners.iter().map(|_| AtomicI64::new(0)).collect(),
+            admin_unauthorized: AtomicU64::new(0),
             tls_failures: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
             at_cap: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
         }
@@ -276,6 +279,10 @@ impl Metrics {
         if let Some(c) = self.at_cap.get(listener) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub fn admin_unauthorized(&self) {
+        self.admin_unauthorized.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn connection_closed(&self, listener: usize) {
@@ -582,6 +589,12 @@ impl Collector for Scrape {
             s.alert_deliveries()
                 .into_iter()
                 .map(|(r, n)| (vec![("result", r.to_owned())], n)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_admin_unauthorized",
+            "Admin requests refused for a missing or wrong token.",
+            [(Vec::new(), m.admin_unauthorized.load(Ordering::Relaxed))],
         )?;
         gauge(
             &mut e,

@@ -136,3 +136,34 @@ routes: [{ match: { path: / }, respond: {} }]
         ],
     );
 }
+
+#[test]
+fn an_admin_listener_beyond_loopback_needs_a_token() {
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+admin: { bind: '0.0.0.0:9090' }
+routes: [{ match: { path: / }, respond: {} }]
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &["admin.token: the admin listener on 0.0.0.0:9090 is reachable beyond this host"],
+    );
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+admin: { bind: '0.0.0.0:9090', token: [short] }
+routes: [{ match: { path: / }, respond: {} }]
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &["admin.token[0]: an admin token needs at least 16 characters, this one has 5"],
+    );
+    assert!(problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+admin: { bind: '0.0.0.0:9090', token: 'a-long-enough-admin-token' }
+routes: [{ match: { path: / }, respond: {} }]
+"
+    )
+    .is_empty());
+}
