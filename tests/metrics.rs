@@ -103,7 +103,7 @@ async fn a_known_mix_is_counted_exactly() {
 admin: {{ bind: '127.0.0.1:0' }}
 log: {{ access_log: false }}
 bypass: {{ tokens: ['{TOKEN}'] }}
-zones: [{{ name: slow, rate: 10r/s, burst: 3, delay: 1 }}]
+zones: [{{ name: slow, rate: 2r/s, burst: 3, delay: 1 }}]
 upstreams:
   api: {{ targets: ['{}'] }}
   gone: {{ targets: ['{dead}'], connect_timeout: 1s }}
@@ -129,8 +129,8 @@ routes:
     assert_eq!(statuses, [200, 200, 429, 429]);
     let bypassed = get_from(addr, "/limited", &[("x-bypass-token", TOKEN)]).await;
     assert_eq!(bypassed.status, 200);
-    // Five at once against burst 3, delay 1: two pass, two wait, one is
-    // refused.
+    // Five at once against burst 3, delay 1: two pass, two wait (0.5 and
+    // 1 s), one is refused. At 2r/s the five may arrive up to 0.5 s apart.
     let slow: Vec<_> = (0..5)
         .map(|_| tokio::spawn(async move { get_from(addr, "/slow", &[]).await.status.as_u16() }))
         .collect();
