@@ -38,7 +38,7 @@ pub struct Ctx<'p> {
     pub deferred: Vec<(usize, String)>,
     /// Every decision made, counted in metrics when the request ends (the
     /// identity, and so the user type, is known by then).
-    pub counted: Vec<(Origin, Outcome)>,
+    pub counted: Counted,
     /// How long zone delays held the request.
     pub delayed_ms: u64,
     /// The keys a limit rejected (enforced or dry run), for the top
@@ -59,11 +59,35 @@ impl<'p> Ctx<'p> {
             pending: Batch::default(),
             applied: Vec::new(),
             deferred: Vec::new(),
-            counted: Vec::new(),
+            counted: Counted::default(),
             delayed_ms: 0,
             rejected_keys: Vec::new(),
             end,
         }
+    }
+}
+
+/// The decisions of one request, kept until it ends: the first eight
+/// inline, so the common request allocates nothing for them.
+#[derive(Debug, Default)]
+pub struct Counted {
+    inline: [Option<(Origin, Outcome)>; 8],
+    more: Vec<(Origin, Outcome)>,
+}
+
+impl Counted {
+    pub fn push(&mut self, decided: (Origin, Outcome)) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(decided),
+            None => self.more.push(decided),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Origin, Outcome)> + '_ {
+        self.inline
+            .iter()
+            .map_while(|d| *d)
+            .chain(self.more.iter().copied())
     }
 }
 

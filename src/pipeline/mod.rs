@@ -185,7 +185,7 @@ impl Pipeline {
             (Origin::Route(i), Some(r)) => Some(self.limit_base[r.index] + i),
             (Origin::Route(_), None) => None,
         };
-        for &(origin, outcome) in &cx.counted {
+        for (origin, outcome) in cx.counted.iter() {
             if let Some(limit) = index(origin) {
                 m.decision(limit, outcome, authenticated);
                 if outcome != Outcome::Rejected && self.alerts.watches(limit) {
