@@ -7,6 +7,10 @@
 #   BASELINE=/tmp/tollgate-before bash benches/load.sh
 #       also runs that binary (an earlier build) on the same limits config,
 #       interleaved with this build, and prints this build / baseline
+#   DASHBOARD=1 bash benches/load.sh
+#       also runs the limits config with and without a dashboard open (a
+#       poller fetching /api/overview every 2 s, as the page does),
+#       interleaved, and prints the CPU per request and throughput ratios
 #
 # Each tollgate run also reports the CPU time the proxy process spent per
 # request (user + system, from /proc/<pid>/stat).
@@ -32,6 +36,7 @@ ADMIN_REDIS_PORT=${ADMIN_REDIS_PORT:-18090}
 BASE_PORT=${BASE_PORT:-18091}
 ADMIN_BASE_PORT=${ADMIN_BASE_PORT:-18092}
 BASELINE=${BASELINE:-}
+DASHBOARD=${DASHBOARD:-}
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
@@ -157,6 +162,8 @@ run() { # name port [pid: report its CPU time per request]
         requests=$(awk '/requests in/ {print $1}' <<<"$out")
         cpu=$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$requests" \
             'BEGIN { printf "cpu %5.1f us/req", t * 1e6 / hz / n }')
+        awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$requests" \
+            'BEGIN { printf "%.3f\n", t * 1e6 / hz / n }' > "$work/cpu.last"
     fi
     local errors
     errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out")
@@ -186,4 +193,19 @@ if [ -n "$BASELINE" ]; then
     b2=$(run baseline+lim "$BASE_PORT" "$TG_BASE_PID")
     t2=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
     awk -v a="$t1" -v b="$t2" -v c="$b1" -v d="$b2" 'BEGIN { printf "this build / baseline throughput ratio (same limits config): %.2f\n", (a + b) / (c + d) }'
+fi
+if [ -n "$DASHBOARD" ]; then
+    # The dashboard polls /api/overview every 2 s; 10 s of a poller beside
+    # each run, interleaved: closed, open, closed, open.
+    poll() { while :; do curl -s -o /dev/null "http://127.0.0.1:$ADMIN_LIM_PORT/api/overview"; sleep 2; done; }
+    c1=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID"); cc1=$(cat "$work/cpu.last")
+    poll & POLL=$!
+    o1=$(run tollgate+lim+dash "$TG_LIM_PORT" "$TG_LIM_PID"); oc1=$(cat "$work/cpu.last")
+    kill "$POLL"
+    c2=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID"); cc2=$(cat "$work/cpu.last")
+    poll & POLL=$!
+    o2=$(run tollgate+lim+dash "$TG_LIM_PORT" "$TG_LIM_PID"); oc2=$(cat "$work/cpu.last")
+    kill "$POLL"
+    awk -v a="$o1" -v b="$o2" -v c="$c1" -v d="$c2" -v ca="$oc1" -v cb="$oc2" -v cc="$cc1" -v cd="$cc2" \
+        'BEGIN { printf "dashboard open / closed: throughput ratio %.3f, CPU per request ratio %.3f\n", (a + b) / (c + d), (ca + cb) / (cc + cd) }'
 fi

@@ -28,6 +28,8 @@ use crate::metrics::top::Sketch;
 const QUEUE: usize = 64;
 /// Keys remembered for the cooldown; past it the oldest are forgotten.
 const RECENT: usize = 4096;
+/// Alerts kept for the dashboard.
+const LATEST: usize = 20;
 
 /// One alert, as logged and posted.
 #[derive(Debug, Clone)]
@@ -66,6 +68,8 @@ pub struct Alerts {
     fired: Box<[AtomicU64]>,
     /// Webhook deliveries: ok, failed, dropped (queue full).
     deliveries: [AtomicU64; 3],
+    /// The last alerts fired, with their Unix time in ms, oldest first.
+    latest: Mutex<std::collections::VecDeque<(u64, Alert)>>,
 }
 
 impl Alerts {
@@ -114,6 +118,7 @@ impl Alerts {
             cooldown: cfg.cooldown,
             queue,
             deliveries: Default::default(),
+            latest: Mutex::new(std::collections::VecDeque::with_capacity(LATEST)),
         });
         if let (Some(rx), Some(hook)) = (rx, cfg.webhook.clone()) {
             tokio::spawn(deliver(rx, hook, Arc::downgrade(&alerts)));
@@ -207,6 +212,16 @@ impl Alerts {
             window_s = alert.window.as_secs(),
             "alert"
         );
+        {
+            let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+            if latest.len() == LATEST {
+                latest.pop_front();
+            }
+            let at_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            latest.push_back((at_ms, alert.clone()));
+        }
         if let Some(q) = &self.queue {
             if q.try_send(alert).is_err() {
                 self.deliveries[2].fetch_add(1, Ordering::Relaxed);
@@ -221,6 +236,13 @@ impl Alerts {
             .zip(self.fired.iter())
             .map(|(r, n)| (r.name.clone(), n.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// The last alerts fired (at most 20), newest first, with their Unix
+    /// time in ms.
+    pub fn latest(&self) -> Vec<(u64, Alert)> {
+        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        latest.iter().rev().cloned().collect()
     }
 
     /// `(result, deliveries)`: ok, failed, dropped.

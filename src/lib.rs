@@ -33,7 +33,9 @@
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `metrics` holds the
 //! counters the request path adds to (atomics indexed at config load);
-//! `admin` serves `/healthz`, `/readyz` and `/metrics`.
+//! `admin` serves `/healthz`, `/readyz`, `/metrics`, the JSON API under
+//! `/api/` (limits, one key's state and its reset, top offenders) and the
+//! dashboard.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(

@@ -24,20 +24,8 @@ async fn scrape(proxy: &TestProxy, accept: Option<&str>) -> Got {
 
 /// A GET from 127.0.0.2, so the client's address differs from every
 /// address in the config (all 127.0.0.1).
-async fn get_from(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-    let tcp = socket.connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let mut req = http::Request::get(path).header("host", "api.test");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    send1(&mut sender, req.body(empty()).unwrap()).await
+async fn from2(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
+    get_from("127.0.0.2", addr, path, headers).await
 }
 
 /// Scrapes until `done` holds (at most 5 s; counters move when responses
@@ -124,15 +112,15 @@ routes:
     let addr = proxy.addr();
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        statuses.push(get_from(addr, "/limited", &[]).await.status.as_u16());
+        statuses.push(from2(addr, "/limited", &[]).await.status.as_u16());
     }
     assert_eq!(statuses, [200, 200, 429, 429]);
-    let bypassed = get_from(addr, "/limited", &[("x-bypass-token", TOKEN)]).await;
+    let bypassed = from2(addr, "/limited", &[("x-bypass-token", TOKEN)]).await;
     assert_eq!(bypassed.status, 200);
     // Five at once against burst 3, delay 1: two pass, two wait (0.5 and
     // 1 s), one is refused. At 2r/s the five may arrive up to 0.5 s apart.
     let slow: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(async move { get_from(addr, "/slow", &[]).await.status.as_u16() }))
+        .map(|_| tokio::spawn(async move { from2(addr, "/slow", &[]).await.status.as_u16() }))
         .collect();
     let mut slow_statuses = Vec::new();
     for s in slow {
@@ -140,7 +128,7 @@ routes:
     }
     slow_statuses.sort_unstable();
     assert_eq!(slow_statuses, [200, 200, 200, 200, 429]);
-    assert_eq!(get_from(addr, "/bad", &[]).await.status, 502);
+    assert_eq!(from2(addr, "/bad", &[]).await.status, 502);
 
     // A request is counted when its response ends: wait for the last one.
     let m = scrape_until(&proxy, |m| {

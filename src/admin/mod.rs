@@ -1,12 +1,25 @@
-//! The admin listener (default `127.0.0.1:9090`): `/healthz` says the
-//! process is alive, `/readyz` says the config is loaded and every listener
-//! is bound, and turns 503 while draining so load balancers stop sending.
-//! `/readyz` also reports the rate-limit store; a Redis that is down does
-//! not make the replica unready (its limits follow `on_error`, and pulling
-//! every replica out of the load balancer would not bring Redis back).
-//! `/metrics` serves the Prometheus exposition (OpenMetrics when the scraper
-//! asks for `application/openmetrics-text`); see `crate::metrics`.
-//! `/api/top?limit=<name>` lists the keys a limit rejected most lately.
+//! The admin listener (default `127.0.0.1:9090`):
+//!
+//! - `/healthz` says the process is alive; `/readyz` says the config is
+//!   loaded and every listener is bound, and turns 503 while draining so
+//!   load balancers stop sending. `/readyz` also reports the rate-limit
+//!   store; a Redis that is down does not make the replica unready (its
+//!   limits follow `on_error`, and pulling every replica out of the load
+//!   balancer would not bring Redis back).
+//! - `/metrics` serves the Prometheus exposition (OpenMetrics when the
+//!   scraper asks for `application/openmetrics-text`); see `crate::metrics`.
+//! - `/api/*` is the JSON API an operator answers tickets with ([`api`]):
+//!   the limits, one key's state, its reset, the top offenders.
+//! - `/dashboard` is one self-contained page drawn from `/api/overview`
+//!   ([`dashboard`]).
+//!
+//! With `admin.token` set, `/api/*` (and `/metrics` with `protect_metrics`)
+//! need `Authorization: Bearer <token>`. The dashboard page itself holds no
+//! data: it asks for the token once and sends it with every API call.
+
+mod api;
+mod dashboard;
+pub mod keys;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,12 +27,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+
+use crate::metrics::history::STEP;
 
 pub struct AdminState {
     /// False once shutdown has begun.
@@ -38,16 +53,32 @@ pub struct AdminAuth {
     pub protect_metrics: bool,
 }
 
+/// Who made an admin request, as logged: the token's digest prefix (never
+/// the token) and the peer address.
+struct Caller {
+    token: Option<String>,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.token {
+            Some(t) => write!(f, "token sha256:{t} from {}", self.peer),
+            None => write!(f, "{} (no admin token configured)", self.peer),
+        }
+    }
+}
+
 impl AdminAuth {
-    /// Whether `req` may use `path`: open paths always; protected ones with
-    /// a bearer token whose digest matches one configured, compared in
-    /// constant time against every one.
-    fn allows(&self, path: &str, req: &Request<Incoming>) -> bool {
+    /// Whether `req` may use `path` (and with which token): open paths
+    /// always; protected ones with a bearer token whose digest matches one
+    /// configured, compared in constant time against every one.
+    fn allows(&self, path: &str, req: &Request<Incoming>) -> Result<Option<String>, ()> {
         let protected = path.starts_with("/api/") || (self.protect_metrics && path == "/metrics");
         if !protected || self.token_hashes.is_empty() {
-            return true;
+            return Ok(None);
         }
-        let Some(token) = req
+        let token = req
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -55,24 +86,30 @@ impl AdminAuth {
                 v.strip_prefix("Bearer ")
                     .or_else(|| v.strip_prefix("bearer "))
             })
-        else {
-            return false;
-        };
-        crate::pipeline::bypass::token_matches(&self.token_hashes, token.trim().as_bytes())
+            .ok_or(())?;
+        let i =
+            crate::pipeline::bypass::matching_token(&self.token_hashes, token.trim().as_bytes())
+                .ok_or(())?;
+        let prefix: String = self.token_hashes[i][..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Some(prefix))
     }
 }
 
 pub async fn serve(listener: TcpListener, state: AdminState) {
     let state = Arc::new(state);
+    tokio::spawn(sample(Arc::downgrade(&state.pipeline)));
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
+        let Ok((tcp, peer)) = listener.accept().await else {
             continue;
         };
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(answer(&req, &state)) }
+                async move { Ok::<_, std::convert::Infallible>(answer(req, &state, peer).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), service)
@@ -81,143 +118,143 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
     }
 }
 
+/// Samples the totals every [`STEP`] for the dashboard's last 15 minutes,
+/// until the pipeline is gone.
+async fn sample(pipeline: std::sync::Weak<crate::pipeline::Pipeline>) {
+    let mut every = tokio::time::interval(STEP);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(p) = pipeline.upgrade() else {
+            return;
+        };
+        p.metrics().history().record(p.sample());
+    }
+}
+
 const OPENMETRICS: &str = "application/openmetrics-text";
 
-/// `GET /api/top?limit=<name>[&route=<route>][&n=10]`: the keys each limit
-/// of that name rejected most in the last few minutes.
-fn top(query: &str, state: &AdminState) -> (StatusCode, serde_json::Value) {
-    let param = |name: &str| {
-        query
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v)
-    };
-    let Some(limit) = param("limit") else {
-        return (
-            StatusCode::BAD_REQUEST,
-            problem(
-                400,
-                "Bad Request",
-                "name the limit: /api/top?limit=<name>&n=10".into(),
-            ),
-        );
-    };
-    let n = param("n")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
-        .clamp(1, crate::metrics::top::CAPACITY);
-    let found = state.pipeline.metrics().top(limit, param("route"), n);
-    if found.is_empty() {
-        return (
-            StatusCode::NOT_FOUND,
-            problem(404, "Not Found", format!("no limit named \"{limit}\"")),
-        );
-    }
-    let limits: Vec<serde_json::Value> = found
-        .into_iter()
-        .map(|(l, offenders)| {
-            serde_json::json!({
-                "tier": l.tier,
-                "route": &*l.route,
-                "limit": &*l.name,
-                "window_seconds": crate::metrics::top::WINDOW.as_secs(),
-                "top": offenders
-                    .iter()
-                    .map(|o| serde_json::json!({ "key": o.key, "rejections": o.count, "error": o.error }))
-                    .collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    (StatusCode::OK, serde_json::json!({ "limits": limits }))
+/// An RFC 9457 problem body.
+fn problem(status: StatusCode, detail: impl Into<String>) -> (StatusCode, serde_json::Value) {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or(""),
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    (status, body)
 }
 
-fn problem(status: u16, title: &str, detail: String) -> serde_json::Value {
-    serde_json::json!({ "type": "about:blank", "title": title, "status": status, "detail": detail })
-}
-
-fn answer(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
-    if !state.auth.allows(req.uri().path(), req) {
-        state.pipeline.metrics().admin_unauthorized();
-        tracing::info!(path = %req.uri().path(), "admin request without a valid token");
-        let body = problem(
-            401,
-            "Unauthorized",
-            "this admin endpoint needs `Authorization: Bearer <admin.token>`".into(),
-        );
-        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-        *resp.status_mut() = StatusCode::UNAUTHORIZED;
-        resp.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        resp.headers_mut().insert(
-            http::header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
-        );
-        return resp;
-    }
-    if req.uri().path() == "/metrics" {
-        let openmetrics = req
-            .headers()
-            .get_all(http::header::ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| v.contains(OPENMETRICS));
-        let sources: Arc<dyn crate::metrics::Sources> = state.pipeline.clone();
-        let body = state.pipeline.metrics().encode(sources, openmetrics);
-        let content_type = if openmetrics {
-            "application/openmetrics-text; version=1.0.0; charset=utf-8"
-        } else {
-            "text/plain; version=0.0.4; charset=utf-8"
-        };
-        let mut resp = Response::new(Full::new(Bytes::from(body)));
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        return resp;
-    }
-    let (status, body) = match req.uri().path() {
-        "/api/top" => top(req.uri().query().unwrap_or(""), state),
-        "/healthz" => (StatusCode::OK, serde_json::json!({ "status": "ok" })),
-        "/readyz" => {
-            let listeners: Vec<_> = state
-                .listeners
-                .iter()
-                .map(|(name, addr)| serde_json::json!({ "name": name, "addr": addr.to_string() }))
-                .collect();
-            if state.ready.load(Ordering::SeqCst) {
-                (
-                    StatusCode::OK,
-                    serde_json::json!({
-                        "status": "ready",
-                        "listeners": listeners,
-                        "store": state.pipeline.store_report(),
-                    }),
-                )
-            } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    serde_json::json!({ "status": "draining" }),
-                )
-            }
-        }
-        other => (
-            StatusCode::NOT_FOUND,
-            problem(
-                404,
-                "Not Found",
-                format!("no admin endpoint {other}; try /healthz, /readyz, /metrics or /api/top"),
-            ),
-        ),
-    };
-    let content_type = if status.is_client_error() {
+fn json((status, body): (StatusCode, serde_json::Value)) -> Response<Full<Bytes>> {
+    // Errors are RFC 9457 problems; `/readyz`'s 503 is a plain status.
+    let content_type = if status.as_u16() >= 400 && body.get("title").is_some() {
         "application/problem+json"
     } else {
         "application/json"
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
     *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    state: &AdminState,
+    peer: SocketAddr,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_owned();
+    let token = match state.auth.allows(&path, &req) {
+        Ok(token) => token,
+        Err(()) => {
+            state.pipeline.metrics().admin_unauthorized();
+            tracing::info!(%path, %peer, "admin request without a valid token");
+            let mut resp = json(problem(
+                StatusCode::UNAUTHORIZED,
+                "this admin endpoint needs `Authorization: Bearer <admin.token>`",
+            ));
+            resp.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+            );
+            return resp;
+        }
+    };
+    let caller = Caller { token, peer };
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (_, "/metrics") => metrics(&req, state),
+        (&Method::GET, "/dashboard" | "/dashboard/") => dashboard::page(),
+        (&Method::GET, "/healthz") => json((StatusCode::OK, serde_json::json!({ "status": "ok" }))),
+        (&Method::GET, "/readyz") => json(ready(state)),
+        (&Method::GET, "/api/top") => json(api::top(&query, &state.pipeline)),
+        (&Method::GET, "/api/limits") => json(api::limits(&state.pipeline)),
+        (&Method::GET, "/api/overview") => json(api::overview(&query, &state.pipeline)),
+        (m, p) if p.starts_with("/api/keys/") => {
+            let rest = &p["/api/keys/".len()..];
+            json(match *m {
+                Method::GET => api::key(rest, &query, &state.pipeline).await,
+                Method::DELETE => api::reset(rest, &query, &state.pipeline, &caller).await,
+                _ => problem(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "/api/keys/<limit>/<key> takes GET (read) or DELETE (reset)",
+                ),
+            })
+        }
+        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview") => {
+            json(problem(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes GET")))
+        }
+        _ => json(problem(
+            StatusCode::NOT_FOUND,
+            format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /dashboard or /api/limits"),
+        )),
+    }
+}
+
+fn metrics(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    let openmetrics = req
+        .headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains(OPENMETRICS));
+    let sources: Arc<dyn crate::metrics::Sources> = state.pipeline.clone();
+    let body = state.pipeline.metrics().encode(sources, openmetrics);
+    let content_type = if openmetrics {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
+}
+
+fn ready(state: &AdminState) -> (StatusCode, serde_json::Value) {
+    if !state.ready.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({ "status": "draining" }),
+        );
+    }
+    let listeners: Vec<_> = state
+        .listeners
+        .iter()
+        .map(|(name, addr)| serde_json::json!({ "name": name, "addr": addr.to_string() }))
+        .collect();
+    (
+        StatusCode::OK,
+        serde_json::json!({
+            "status": "ready",
+            "listeners": listeners,
+            "store": state.pipeline.store_report(),
+        }),
+    )
 }

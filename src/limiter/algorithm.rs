@@ -252,6 +252,18 @@ impl Algorithm {
         }
     }
 
+    /// The name it is configured by.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Leaky { .. } => "leaky_bucket",
+        }
+    }
+
     /// The quota and window the headers advertise (`q` and `w`).
     pub fn policy(&self) -> (u64, u64) {
         match *self {

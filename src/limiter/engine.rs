@@ -101,6 +101,32 @@ impl Engine {
             .collect()
     }
 
+    /// What the next request (cost 1) on `key` under `limit` would be told,
+    /// as the store sees it, without charging it; `None` when the store
+    /// holds nothing for the key. With Redis, Redis is asked (a Redis that
+    /// fails is an error here, not a fallback).
+    pub async fn inspect(
+        &self,
+        limit: &Limit,
+        key: &str,
+    ) -> Result<Option<Decision>, LimiterError> {
+        match &self.redis {
+            None => Ok(self.memory.peek_at(limit, key, self.memory.now_ms())),
+            Some(redis) => redis.inspect(limit, key).await,
+        }
+    }
+
+    /// Forgets `key` under `limit` everywhere this process keeps it: the
+    /// memory store (the whole state, or the `local` fallback's) and Redis.
+    /// Whether any state was there.
+    pub async fn reset(&self, limit: &Limit, key: &str) -> Result<bool, LimiterError> {
+        let local = self.memory.reset(limit.zone, key);
+        match &self.redis {
+            None => Ok(local),
+            Some(redis) => Ok(redis.reset(limit, key).await? || local),
+        }
+    }
+
     /// The decision without Redis, limit by limit as `on_error` says.
     fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, LimiterError> {
         let now = self.memory.now_ms();

@@ -183,6 +183,38 @@ impl MemoryStore {
         }
     }
 
+    /// What the next request (cost 1) on `key` under `limit` would be told
+    /// at `now`, read without charging the key, creating it or marking it
+    /// as recently used; `None` when the key is not tracked or its state
+    /// already decides like a fresh key.
+    pub fn peek_at(&self, limit: &super::Limit, key: &str, now: u64) -> Option<Decision> {
+        let zone = &self.zones[limit.zone];
+        let hash = self.hash(limit.zone, key);
+        let shard = lock(&zone.shards[zone.shard_of(hash)]);
+        let idx = shard.find(hash)?;
+        let mut state = shard.slots[idx as usize].state.clone();
+        drop(shard);
+        if limit.algorithm.is_idle(&state, now) {
+            return None;
+        }
+        Some(limit.algorithm.check(&mut state, now, 1))
+    }
+
+    /// Forgets `key` in memory partition `zone`: its next request decides
+    /// like a new client's. Whether the key was tracked.
+    pub fn reset(&self, zone: usize, key: &str) -> bool {
+        let z = &self.zones[zone];
+        let hash = self.hash(zone, key);
+        let mut shard = lock(&z.shards[z.shard_of(hash)]);
+        match shard.find(hash) {
+            Some(idx) => {
+                shard.remove(idx);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn decide_one(&self, check: &Check<'_>, now: u64) -> Decision {
         let zone = &self.zones[check.limit.zone];
         let hash = self.hash(check.limit.zone, check.key);
@@ -270,11 +302,7 @@ impl Shard {
     /// The slot for `key` (63 bits), marked as recently used; created if
     /// new, evicting a key the clock hand finds unused since its last pass.
     fn entry(&mut self, key: u64) -> u32 {
-        let slots = &self.slots;
-        if let Some(&idx) = self
-            .map
-            .find(key, |&i| slots[i as usize].tag & !REFERENCED == key)
-        {
+        if let Some(idx) = self.find(key) {
             self.slots[idx as usize].tag |= REFERENCED;
             return idx;
         }
@@ -302,6 +330,14 @@ impl Shard {
         self.map
             .insert_unique(key, idx, |&i| slots[i as usize].tag & !REFERENCED);
         idx
+    }
+
+    /// The slot holding `key` (63 bits), if tracked; marks nothing.
+    fn find(&self, key: u64) -> Option<u32> {
+        let slots = &self.slots;
+        self.map
+            .find(key, |&i| slots[i as usize].tag & !REFERENCED == key)
+            .copied()
     }
 
     /// Advances the clock hand to an occupied slot not used since the hand

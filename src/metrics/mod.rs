@@ -11,6 +11,7 @@
 //! Families that live elsewhere (store calls, tracked keys) are read from
 //! their owners at scrape time through [`Sources`].
 
+pub mod history;
 pub mod top;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -168,6 +169,12 @@ pub struct Metrics {
     top: Box<[TopKeys]>,
     /// Admin requests refused for a missing or wrong token.
     admin_unauthorized: AtomicU64,
+    /// Keys reset through the admin API.
+    key_resets: AtomicU64,
+    /// Requests refused by a zone or a route limit.
+    limited: AtomicU64,
+    /// Samples of the totals over the last 15 minutes (dashboard).
+    history: history::History,
 }
 
 impl Metrics {
@@ -175,6 +182,7 @@ impl Metrics {
         let mut route_names: Vec<Arc<str>> = routes.to_vec();
         route_names.push(Arc::from("-"));
         let cells = listeners.len().max(1) * route_names.len() * CODES;
+        let limit_count = limits.len();
         Metrics {
             listeners: listeners.iter().map(|&l| Arc::from(l)).collect(),
             requests: (0..cells).map(|_| AtomicU64::new(0)).collect(),
@@ -195,6 +203,10 @@ impl Metrics {
             bypass: Default::default(),
             connections_open: listeners.iter().map(|_| AtomicI64::new(0)).collect(),
             admin_unauthorized: AtomicU64::new(0),
+            key_resets: AtomicU64::new(0),
+            limited: AtomicU64::new(0),
+            // Counted from zero at start: the first minute is whole.
+            history: history::History::starting(limit_count),
             tls_failures: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
             at_cap: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
         }
@@ -251,6 +263,51 @@ impl Metrics {
             .collect()
     }
 
+    /// A request refused by a zone or a route limit.
+    pub fn limited(&self) {
+        self.limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The zones and route limits, in the order of their indices.
+    pub fn limits(&self) -> &[LimitLabel] {
+        &self.limits
+    }
+
+    /// The running totals now, for [`history`]; `upstream_errors` is read
+    /// from the upstreams by the caller.
+    pub fn sample(&self, at_ms: u64, upstream_errors: u64) -> history::Sample {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let per = OUTCOMES.len() * USER_TYPES.len();
+        history::Sample {
+            at_ms,
+            requests: self.requests.iter().map(load).sum(),
+            limited: load(&self.limited),
+            upstream_errors,
+            decisions: self
+                .decisions
+                .chunks(per)
+                .map(|cells| {
+                    std::array::from_fn(|o| {
+                        cells[o * USER_TYPES.len()..(o + 1) * USER_TYPES.len()]
+                            .iter()
+                            .map(load)
+                            .sum()
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The samples of the last 15 minutes.
+    pub fn history(&self) -> &history::History {
+        &self.history
+    }
+
+    /// The top `n` offenders of limit `limit` (an index into `limits`).
+    pub fn top_of(&self, limit: usize, n: usize) -> Vec<Offender> {
+        self.top.get(limit).map(|t| t.top(n)).unwrap_or_default()
+    }
+
     pub fn delay(&self, d: Duration) {
         self.delays.observe(d);
     }
@@ -283,6 +340,11 @@ impl Metrics {
 
     pub fn admin_unauthorized(&self) {
         self.admin_unauthorized.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A key reset through `DELETE /api/keys/...`.
+    pub fn key_reset(&self) {
+        self.key_resets.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn connection_closed(&self, listener: usize) {
@@ -595,6 +657,12 @@ impl Collector for Scrape {
             "tollgate_admin_unauthorized",
             "Admin requests refused for a missing or wrong token.",
             [(Vec::new(), m.admin_unauthorized.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_admin_key_resets",
+            "Rate-limit keys reset through the admin API.",
+            [(Vec::new(), m.key_resets.load(Ordering::Relaxed))],
         )?;
         gauge(
             &mut e,

@@ -61,8 +61,17 @@ pub fn check(
 /// compared, in constant time: the time taken says neither which one nor
 /// whether one matched.
 pub fn token_matches(hashes: &[[u8; 32]], token: &[u8]) -> bool {
+    matching_token(hashes, token).is_some()
+}
+
+/// Which of `hashes` is `token`'s SHA-256 digest, compared like
+/// [`token_matches`]: every hash, in constant time.
+pub fn matching_token(hashes: &[[u8; 32]], token: &[u8]) -> Option<usize> {
     let digest: [u8; 32] = Sha256::digest(token).into();
-    hashes.iter().fold(false, |hit, h| hit | ct_eq(h, &digest))
+    hashes.iter().enumerate().fold(
+        None,
+        |hit, (i, h)| if ct_eq(h, &digest) { Some(i) } else { hit },
+    )
 }
 
 fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {

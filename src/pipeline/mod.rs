@@ -94,6 +94,15 @@ pub struct Pipeline {
     alerts: Arc<Alerts>,
 }
 
+/// A zone or route limit as the admin API shows it.
+pub struct LimitView<'a> {
+    pub limit: &'a crate::limiter::Limit,
+    pub key: &'a crate::config::KeyKind,
+    /// The policy as configured (`10r/s burst 20`, `5 per 1m (sliding_log)`).
+    pub spec: String,
+    pub dry_run: bool,
+}
+
 /// What the listener knows about a connection.
 pub struct ConnInfo {
     pub listener: Arc<str>,
@@ -207,6 +216,92 @@ impl Pipeline {
         }
     }
 
+    /// Every zone, then every route's limits: the order of the metrics
+    /// limit indices (`Metrics::limits`).
+    pub fn limit_views(&self) -> Vec<LimitView<'_>> {
+        let zones = self.zones.configs().iter().map(|z| LimitView {
+            limit: &z.limit,
+            key: &z.key,
+            spec: match z.limit.algorithm {
+                crate::limiter::Algorithm::Leaky { burst, delay, .. } => {
+                    let delay = match delay {
+                        u64::MAX => " nodelay".to_owned(),
+                        0 => String::new(),
+                        d => format!(" delay={d}"),
+                    };
+                    format!("rate={} burst={burst}{delay}", z.rate_text)
+                }
+                _ => z.rate_text.clone(),
+            },
+            dry_run: z.dry_run,
+        });
+        let routes = self.routes.iter().flat_map(|r| {
+            r.limits.iter().map(|l| LimitView {
+                limit: &l.limit,
+                key: &l.key,
+                spec: l.description.clone(),
+                dry_run: l.dry_run,
+            })
+        });
+        zones.chain(routes).collect()
+    }
+
+    /// The store the limits are decided by (for the admin API's key reads
+    /// and resets).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The last alerts fired, newest first.
+    pub fn latest_alerts(&self) -> Vec<(u64, crate::alerts::Alert)> {
+        self.alerts.latest()
+    }
+
+    /// The running totals now (requests, rejections, decisions, upstream
+    /// errors), for the dashboard's history.
+    pub fn sample(&self) -> crate::metrics::history::Sample {
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let upstream_errors = self
+            .upstreams_report()
+            .into_iter()
+            .flat_map(|u| u.targets)
+            .map(|(_, t)| t[1] + t[2])
+            .sum();
+        self.metrics.sample(at_ms, upstream_errors)
+    }
+
+    /// Every upstream's counters (dashboard, metrics).
+    pub fn upstreams_report(&self) -> Vec<crate::metrics::UpstreamReport> {
+        self.upstreams.iter().map(|u| u.report()).collect()
+    }
+
+    /// The store's health for the dashboard: `/readyz`'s report, plus its
+    /// calls by result and the requests decided by a failure mode.
+    pub fn store_health(&self) -> serde_json::Value {
+        let mut report = self.store_report();
+        let calls: serde_json::Map<String, serde_json::Value> = self
+            .engine
+            .calls()
+            .into_iter()
+            .map(|(_, result, n)| (result.to_owned(), n.into()))
+            .collect();
+        let fallbacks: serde_json::Map<String, serde_json::Value> = self
+            .engine
+            .fallbacks()
+            .into_iter()
+            .map(|(mode, n)| (mode.to_owned(), n.into()))
+            .collect();
+        if let Some(script_calls) = report.get_mut("calls").map(std::mem::take) {
+            report["script_calls"] = script_calls;
+        }
+        report["calls"] = calls.into();
+        report["fallbacks"] = fallbacks.into();
+        report["breaker_open"] = self.engine.redis().map(|r| !r.is_up()).into();
+        report
+    }
+
     /// The rate-limit store's state, for `/readyz`.
     pub fn store_report(&self) -> serde_json::Value {
         match self.engine.redis() {
@@ -266,6 +361,7 @@ impl Pipeline {
         let mut resp = match served {
             Ok(resp) => resp,
             Err(Stop::Limited(rejection)) => {
+                self.metrics.limited();
                 tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
                 cx.end
                     .set_rate_limit(|| format!("rejected:{}", rejection.limit));
@@ -417,7 +513,7 @@ impl Sources for Pipeline {
     }
 
     fn upstreams(&self) -> Vec<crate::metrics::UpstreamReport> {
-        self.upstreams.iter().map(|u| u.report()).collect()
+        self.upstreams_report()
     }
 
     fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)> {

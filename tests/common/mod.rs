@@ -3,6 +3,7 @@
 //! CA with leaf certificates, and small HTTP/1.1, HTTP/2 and TLS clients.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod process;
 pub mod redis;
 
@@ -547,6 +548,23 @@ pub async fn send_with(
         req = req.header(*k, *v);
     }
     send1(&mut c, req.body(full(body)).unwrap()).await
+}
+
+/// A GET from `from` (another loopback address such as 127.0.0.2), so a
+/// test can play several clients with different IPs.
+pub async fn get_from(from: &str, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", "api.test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send1(&mut sender, req.body(empty()).unwrap()).await
 }
 
 /// One HTTP/1.1 request on a fresh connection.

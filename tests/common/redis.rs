@@ -160,6 +160,17 @@ impl RedisServer {
     }
 
     /// SIGKILL: the server is gone at once, connections reset.
+    /// Connected clients as `(deciding, subscribed)`: connections that send
+    /// commands, and pub/sub subscriptions (resets); `redis-cli` asking is
+    /// not counted.
+    pub fn clients(&self) -> (usize, usize) {
+        let list = self.cli(&["CLIENT", "LIST"]);
+        let others = list.lines().filter(|l| !l.contains("cmd=client|list"));
+        let (subscribed, deciding): (Vec<&str>, Vec<&str>) =
+            others.partition(|l| l.contains(" flags=P "));
+        (deciding.len(), subscribed.len())
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -71,6 +71,19 @@ impl RejectCache {
         }
     }
 
+    /// Forgets every key (resets may have been missed).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
+    /// Drops `key` of limit `zone` (its state was reset).
+    pub fn forget(&self, zone: usize, key: &str) {
+        let hash = self.hash(zone, key);
+        self.shard(hash).remove(&hash);
+    }
+
     pub fn insert(&self, zone: usize, key: &str, until: Instant) {
         // Rounded up: `is_idle` must never pass over a live entry.
         self.latest.fetch_max(self.ms(until) + 1, Ordering::Relaxed);

@@ -25,6 +25,7 @@
 mod batch;
 mod cache;
 mod conn;
+mod resets;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,10 +89,12 @@ pub struct RedisStore {
     refund: Script,
     prefix: String,
     /// Per limit (zone index): the key suffix, its name when unique.
-    suffixes: Box<[String]>,
+    suffixes: Arc<[String]>,
     timeout: Duration,
     cluster: bool,
-    cache: Option<RejectCache>,
+    cache: Option<Arc<RejectCache>>,
+    /// Listens for resets made on other replicas (with the cache).
+    resets: Option<tokio::task::AbortHandle>,
     /// Script calls sent, for benchmarks and tests.
     calls: Arc<AtomicU64>,
     /// Single node only: requests queued into shared script calls.
@@ -134,6 +137,23 @@ impl RedisStore {
                 z.name.to_string()
             });
         }
+        let suffixes: Arc<[String]> = suffixes.into();
+        let cache = options
+            .cache_rejections
+            .then(|| Arc::new(RejectCache::new()));
+        let resets = match (&cache, subscriber(options)) {
+            (Some(cache), Some(client)) => Some(
+                tokio::spawn(resets::listen(
+                    client,
+                    resets::channel(&options.prefix),
+                    Arc::downgrade(cache),
+                    suffixes.clone(),
+                    options.probe_interval,
+                ))
+                .abort_handle(),
+            ),
+            _ => None,
+        };
         let calls = Arc::new(AtomicU64::new(0));
         let decide = Script::new(DECIDE);
         let store = RedisStore {
@@ -141,10 +161,11 @@ impl RedisStore {
             decide: decide.clone(),
             refund: Script::new(REFUND),
             prefix: options.prefix.clone(),
-            suffixes: suffixes.into(),
+            suffixes,
             timeout: options.timeout,
             cluster: options.cluster,
-            cache: options.cache_rejections.then(RejectCache::new),
+            cache,
+            resets,
             batcher: (!options.cluster)
                 .then(|| Batcher::start(link.clone(), decide, options.timeout, calls.clone())),
             calls,
@@ -155,6 +176,11 @@ impl RedisStore {
     /// Whether decisions can reach Redis now (connected, breaker closed).
     pub fn is_up(&self) -> bool {
         self.link.is_up()
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     /// Script calls sent to Redis so far.
@@ -200,6 +226,76 @@ impl RedisStore {
             "{}{{{}}}:{}",
             self.prefix, check.key, self.suffixes[check.limit.zone]
         )
+    }
+
+    /// What the next request (cost 1) on `key` under `limit` would be told,
+    /// read from Redis without charging it (the script's peek writes
+    /// nothing); `None` when Redis holds no state for the key.
+    pub async fn inspect(
+        &self,
+        limit: &super::Limit,
+        key: &str,
+    ) -> Result<Option<Decision>, LimiterError> {
+        let check = Check {
+            peek: true,
+            ..Check::new(limit, key, 1)
+        };
+        let exists: i64 = self
+            .command(redis::cmd("EXISTS").arg(self.key(&check)))
+            .await?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let (_, decided) = self.call(&[check], 0).await?;
+        Ok(decided.into_iter().next())
+    }
+
+    /// Deletes `key`'s state under `limit` in Redis, forgets it in this
+    /// replica's rejection cache and tells the other replicas to forget it
+    /// too. Whether Redis held state for it.
+    pub async fn reset(&self, limit: &super::Limit, key: &str) -> Result<bool, LimiterError> {
+        let rkey = self.key(&Check::new(limit, key, 1));
+        let deleted: i64 = self.command(redis::cmd("DEL").arg(&rkey)).await?;
+        if let Some(cache) = &self.cache {
+            cache.forget(limit.zone, key);
+            let channel = resets::channel(&self.prefix);
+            let message = resets::message(&self.suffixes[limit.zone], key);
+            let published = self
+                .command::<i64>(redis::cmd("PUBLISH").arg(&channel).arg(message))
+                .await;
+            if let Err(e) = published {
+                // The state is gone; only other replicas' caches may lag.
+                tracing::warn!(error = %e, %channel, "rate-limit store: could not publish a reset; other replicas refuse the key from their caches until its retry time (may the Redis user publish to this channel?)");
+            }
+        }
+        Ok(deleted > 0)
+    }
+
+    /// One command on the shared connection, bounded by `timeout`; a
+    /// failure counts toward the breaker like a decision's.
+    async fn command<T: redis::FromRedisValue>(
+        &self,
+        cmd: &mut redis::Cmd,
+    ) -> Result<T, LimiterError> {
+        let (generation, mut conn) = self
+            .link
+            .get()
+            .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => {
+                self.link.succeeded();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                let broken = (e.is_io_error() || e.is_unrecoverable_error()).then_some(generation);
+                self.link.failed(broken);
+                Err(LimiterError::Unavailable(describe(&e)))
+            }
+            Err(_) => {
+                self.link.failed(None);
+                Err(LimiterError::Timeout(self.timeout.as_millis() as u64))
+            }
+        }
     }
 
     /// Decides like [`Store::decide`], at `now` ms instead of Redis `TIME`
@@ -441,6 +537,9 @@ impl RedisStore {
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
+        if let Some(r) = &self.resets {
+            r.abort();
+        }
         self.link.shut();
     }
 }
@@ -472,11 +571,30 @@ fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
             .map_err(|e| describe(&e));
     }
     let url = options.nodes.first().ok_or("no Redis URL")?;
-    let client = match options.tls_ca {
-        Some(_) => redis::Client::build_with_tls(url.as_str(), certs()),
-        None => redis::Client::open(url.as_str()),
-    };
-    client.map(Target::Single).map_err(|e| describe(&e))
+    single_client(url, options)
+        .map(Target::Single)
+        .map_err(|e| describe(&e))
+}
+
+/// A plain connection for the reset subscription: the URL, or on a
+/// cluster its first seed (Redis Cluster carries publications to every
+/// node).
+fn subscriber(options: &RedisOptions) -> Option<redis::Client> {
+    single_client(options.nodes.first()?, options).ok()
+}
+
+/// A client for one node, over TLS with the configured CA when given.
+fn single_client(url: &str, options: &RedisOptions) -> redis::RedisResult<redis::Client> {
+    match &options.tls_ca {
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        ),
+        None => redis::Client::open(url),
+    }
 }
 
 /// A Redis error in words, without anything from the URL.

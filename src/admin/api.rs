@@ -1,0 +1,421 @@
+//! `/api/*`: what an operator asks at 3 a.m., as JSON.
+//!
+//! - `GET /api/limits`: every zone and route limit, its policy, store, keys
+//!   tracked and what it decided over the last minute.
+//! - `GET /api/keys/<limit>/<key>[?route=]`: one key's state as the store
+//!   sees it, read without charging it.
+//! - `DELETE /api/keys/<limit>/<key>[?route=]`: forget that state (unblock
+//!   a customer); logged with who asked.
+//! - `GET /api/top?limit=<name>[&route=][&n=10]`: the keys rejected most.
+//! - `GET /api/overview`: everything the dashboard draws, in one call.
+//!
+//! A limit is named as in the config; several route limits may share a
+//! name, and then every one of them answers unless `route=` picks one.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::keys;
+use super::{problem, Caller};
+use crate::limiter::{Decision, Verdict};
+use crate::metrics::history::{Step, STEP};
+use crate::metrics::top::{display, CAPACITY, WINDOW};
+use crate::metrics::LimitLabel;
+use crate::pipeline::{LimitView, Pipeline};
+
+type Reply = (StatusCode, Value);
+
+/// The value of `name` in a query string, %-decoded.
+fn param(query: &str, name: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| decode(&v.replace('+', " ")))
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+fn label_json(l: &LimitLabel) -> Value {
+    json!({ "tier": l.tier, "route": &*l.route, "limit": &*l.name })
+}
+
+fn outcomes(d: &[u64; 4]) -> Value {
+    json!({ "allowed": d[0], "delayed": d[1], "rejected": d[2], "dry_run_rejected": d[3] })
+}
+
+/// The limits named `name` (on `route` when given).
+fn named<'p>(
+    p: &'p Pipeline,
+    name: &str,
+    route: Option<&str>,
+) -> Vec<(&'p LimitLabel, LimitView<'p>)> {
+    p.metrics()
+        .limits()
+        .iter()
+        .zip(p.limit_views())
+        .filter(|(l, _)| &*l.name == name && route.is_none_or(|r| &*l.route == r))
+        .collect()
+}
+
+fn store_kind(p: &Pipeline) -> &'static str {
+    match p.engine().redis() {
+        None => "memory",
+        Some(r) if r.is_cluster() => "redis_cluster",
+        Some(_) => "redis",
+    }
+}
+
+pub fn limits(p: &Pipeline) -> Reply {
+    let minute = p
+        .metrics()
+        .history()
+        .since(&p.sample(), Duration::from_secs(60));
+    let memory = p.engine().redis().is_none();
+    let limits: Vec<Value> = p
+        .metrics()
+        .limits()
+        .iter()
+        .zip(p.limit_views())
+        .enumerate()
+        .map(|(i, (label, v))| {
+            let (quota, window_ms) = v.limit.algorithm.policy();
+            let stats = p.engine().memory().stats(v.limit.zone);
+            let mut o = label_json(label);
+            o["spec"] = json!(v.spec);
+            o["algorithm"] = json!(v.limit.algorithm.name());
+            o["quota"] = json!(quota);
+            o["window_seconds"] = json!(window_ms as f64 / 1000.0);
+            o["key"] = json!(key_kind(v.key));
+            o["dry_run"] = json!(v.dry_run);
+            o["on_error"] = json!(v.limit.on_error.to_string());
+            // With Redis the keys live there (this process only holds the
+            // `local` fallback's): not counted.
+            o["keys_tracked"] = if memory {
+                json!(stats.keys)
+            } else {
+                Value::Null
+            };
+            o["evictions"] = if memory {
+                json!(stats.evictions)
+            } else {
+                Value::Null
+            };
+            o["last_minute"] = outcomes(&minute.decisions.get(i).copied().unwrap_or_default());
+            o
+        })
+        .collect();
+    (
+        StatusCode::OK,
+        json!({
+            "store": store_kind(p),
+            "last_minute_seconds": minute.seconds,
+            "limits": limits,
+        }),
+    )
+}
+
+fn key_kind(k: &crate::config::KeyKind) -> String {
+    use crate::config::KeyKind;
+    match k {
+        KeyKind::Ip => "ip".into(),
+        KeyKind::User => "user".into(),
+        KeyKind::UserOrIp => "user_or_ip".into(),
+        KeyKind::Header(h) => format!("header:{h}"),
+        KeyKind::Global => "global".into(),
+    }
+}
+
+/// `<limit>/<key>` from the path, %-decoded; the key may hold `/`.
+fn limit_and_key(rest: &str) -> Result<(String, String), Reply> {
+    match rest.split_once('/') {
+        Some((l, k)) if !l.is_empty() && !k.is_empty() => Ok((decode(l), decode(k))),
+        _ => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "write /api/keys/<limit>/<key>, e.g. /api/keys/per_ip/203.0.113.7",
+        )),
+    }
+}
+
+/// What `/api/keys/<limit>/<key>` names: the limit and key as written,
+/// and each limit by that name with the bucket the key falls in there.
+struct KeyRequest<'p> {
+    limit: String,
+    written: String,
+    found: Vec<(&'p LimitLabel, LimitView<'p>, String)>,
+}
+
+fn targets<'p>(p: &'p Pipeline, rest: &str, query: &str) -> Result<KeyRequest<'p>, Reply> {
+    let (limit, written) = limit_and_key(rest)?;
+    let route = param(query, "route");
+    let named = named(p, &limit, route.as_deref());
+    if named.is_empty() {
+        let on = route
+            .map(|r| format!(" on route \"{r}\""))
+            .unwrap_or_default();
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            format!("no limit named \"{limit}\"{on}; GET /api/limits lists them"),
+        ));
+    }
+    let mut found = Vec::with_capacity(named.len());
+    for (label, view) in named {
+        let key = keys::parse(&written, view.key, p.client_ip_config())
+            .map_err(|why| problem(StatusCode::BAD_REQUEST, why))?;
+        found.push((label, view, key));
+    }
+    Ok(KeyRequest {
+        limit,
+        written,
+        found,
+    })
+}
+
+fn unavailable(e: crate::limiter::LimiterError) -> Reply {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the rate-limit store cannot answer: {e}"),
+    )
+}
+
+/// What a key request does to each limit it names.
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Read,
+    Reset,
+}
+
+/// Reads or resets the key in every limit the request names: the limits
+/// that held state for it (as JSON), or the reply to give instead (404
+/// when none did, 503 when the store cannot answer).
+async fn each<'p>(
+    p: &'p Pipeline,
+    rest: &str,
+    query: &str,
+    op: Op,
+) -> Result<(KeyRequest<'p>, Vec<Value>), Reply> {
+    let req = targets(p, rest, query)?;
+    let mut held = Vec::new();
+    for (label, view, key) in &req.found {
+        let mut o = label_json(label);
+        o["key"] = json!(display(key));
+        let had_state = match op {
+            Op::Read => match p.engine().inspect(view.limit, key).await {
+                Ok(Some(d)) => {
+                    state_json(&mut o, &d);
+                    true
+                }
+                Ok(None) => false,
+                Err(e) => return Err(unavailable(e)),
+            },
+            Op::Reset => p
+                .engine()
+                .reset(view.limit, key)
+                .await
+                .map_err(unavailable)?,
+        };
+        if had_state {
+            held.push(o);
+        }
+    }
+    if held.is_empty() {
+        let what = match op {
+            Op::Read => "its next request starts with the whole quota",
+            Op::Reset => "nothing to reset",
+        };
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            format!(
+                "\"{}\" holds no state for {}: {what}",
+                req.limit, req.written
+            ),
+        ));
+    }
+    Ok((req, held))
+}
+
+/// `GET /api/keys/<limit>/<key>`.
+pub async fn key(rest: &str, query: &str, p: &Pipeline) -> Reply {
+    match each(p, rest, query, Op::Read).await {
+        Ok((_, states)) => (
+            StatusCode::OK,
+            json!({ "store": store_kind(p), "states": states }),
+        ),
+        Err(reply) => reply,
+    }
+}
+
+/// A key's state from the decision its next request (cost 1) would get.
+fn state_json(o: &mut Value, d: &Decision) {
+    let remaining = if d.admitted() {
+        (d.remaining + 1).min(d.limit)
+    } else {
+        0
+    };
+    let (next, delay_ms) = match d.verdict {
+        Verdict::Allow => ("allow", 0),
+        Verdict::Delay(ms) => ("delay", ms),
+        Verdict::Reject => ("reject", 0),
+    };
+    o["quota"] = json!(d.limit);
+    o["used"] = json!(d.limit.saturating_sub(remaining));
+    o["remaining"] = json!(remaining);
+    o["blocked"] = json!(!d.admitted());
+    o["next_request"] = json!(next);
+    o["delay_ms"] = json!(delay_ms);
+    o["retry_after_ms"] = json!(d.retry_after_ms);
+    o["reset_ms"] = json!(d.reset_ms);
+    o["window_seconds"] = json!(d.window_ms as f64 / 1000.0);
+}
+
+/// `DELETE /api/keys/<limit>/<key>`: logged with who asked.
+pub async fn reset(rest: &str, query: &str, p: &Pipeline, caller: &Caller) -> Reply {
+    let (req, reset) = match each(p, rest, query, Op::Reset).await {
+        Ok(done) => done,
+        Err(reply) => return reply,
+    };
+    let key = display(&req.found[0].2).to_owned();
+    p.metrics().key_reset();
+    tracing::info!(
+        limit = %req.limit,
+        key = %key,
+        limits = reset.len(),
+        by = %caller,
+        "admin: rate-limit key reset"
+    );
+    (StatusCode::OK, json!({ "key": key, "reset": reset }))
+}
+
+/// `GET /api/top?limit=<name>[&route=<route>][&n=10]`.
+pub fn top(query: &str, p: &Pipeline) -> Reply {
+    let Some(limit) = param(query, "limit") else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "name the limit: /api/top?limit=<name>&n=10",
+        );
+    };
+    let n = param(query, "n")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+        .clamp(1, CAPACITY);
+    let found = p.metrics().top(&limit, param(query, "route").as_deref(), n);
+    if found.is_empty() {
+        return problem(StatusCode::NOT_FOUND, format!("no limit named \"{limit}\""));
+    }
+    let limits: Vec<Value> = found
+        .into_iter()
+        .map(|(l, offenders)| {
+            let mut o = label_json(&l);
+            o["window_seconds"] = json!(WINDOW.as_secs());
+            o["top"] = offenders
+                .iter()
+                .map(|o| json!({ "key": o.key, "rejections": o.count, "error": o.error }))
+                .collect();
+            o
+        })
+        .collect();
+    (StatusCode::OK, json!({ "limits": limits }))
+}
+
+/// Per-second rates over each step, rounded to hundredths.
+fn rates(steps: &[Step], f: impl Fn(&Step) -> u64) -> Vec<f64> {
+    steps
+        .iter()
+        .map(|s| {
+            let secs = s.seconds.max(0.001);
+            (f(s) as f64 / secs * 100.0).round() / 100.0
+        })
+        .collect()
+}
+
+/// `GET /api/overview[?n=5]`: what the dashboard draws.
+pub fn overview(query: &str, p: &Pipeline) -> Reply {
+    let n = param(query, "n")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+        .clamp(1, 50);
+    let now = p.sample();
+    let steps = p.metrics().history().steps(&now);
+    let minute = p.metrics().history().since(&now, Duration::from_secs(60));
+    let limits: Vec<Value> = p
+        .metrics()
+        .limits()
+        .iter()
+        .zip(p.limit_views())
+        .enumerate()
+        .map(|(i, (label, v))| {
+            let d = |o: usize| move |s: &Step| s.decisions.get(i).map_or(0, |d| d[o]);
+            let mut o = label_json(label);
+            o["spec"] = json!(v.spec);
+            o["key"] = json!(key_kind(v.key));
+            o["dry_run"] = json!(v.dry_run);
+            o["series"] = json!({
+                "allowed": rates(&steps, d(0)),
+                "delayed": rates(&steps, d(1)),
+                "rejected": rates(&steps, d(2)),
+                "dry_run_rejected": rates(&steps, d(3)),
+            });
+            o["last_minute"] = outcomes(&minute.decisions.get(i).copied().unwrap_or_default());
+            o["top"] = p
+                .metrics()
+                .top_of(i, n)
+                .into_iter()
+                .map(|o| json!({ "key": o.key, "rejections": o.count }))
+                .collect();
+            o
+        })
+        .collect();
+    let upstreams: Vec<Value> = p
+        .upstreams_report()
+        .into_iter()
+        .map(|u| {
+            json!({
+                "name": &*u.name,
+                "targets": u.targets.iter().map(|(t, n)| json!({
+                    "target": &**t, "responses": n[0], "errors": n[1], "timeouts": n[2],
+                    "retries": n[3], "cooldowns": n[4],
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let alerts: Vec<Value> = p
+        .latest_alerts()
+        .into_iter()
+        .map(|(at_ms, a)| {
+            json!({
+                "at_ms": at_ms, "rule": &*a.rule, "limit": &*a.limit, "key": a.key,
+                "count": a.count, "window_seconds": a.window.as_secs(),
+            })
+        })
+        .collect();
+    (
+        StatusCode::OK,
+        json!({
+            "now_ms": now.at_ms,
+            "step_seconds": STEP.as_secs(),
+            "traffic": {
+                "at_ms": steps.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
+                "requests": rates(&steps, |s| s.requests),
+                "limited": rates(&steps, |s| s.limited),
+                "upstream_errors": rates(&steps, |s| s.upstream_errors),
+            },
+            "last_minute": {
+                "seconds": minute.seconds,
+                "requests": minute.requests,
+                "limited": minute.limited,
+                "upstream_errors": minute.upstream_errors,
+            },
+            "totals": { "requests": now.requests, "limited": now.limited, "upstream_errors": now.upstream_errors },
+            "store": p.store_health(),
+            "limits": limits,
+            "upstreams": upstreams,
+            "alerts": alerts,
+        }),
+    )
+}
