@@ -65,16 +65,19 @@ pub struct Alerts {
     by_limit: Vec<Vec<usize>>,
     cooldown: Duration,
     queue: Option<mpsc::Sender<Alert>>,
-    fired: Box<[AtomicU64]>,
+    /// Per rule; shared with the alerts of the config a reload replaced
+    /// (by rule name), like the two below: a reload resets no count.
+    fired: Box<[Arc<AtomicU64>]>,
     /// Webhook deliveries: ok, failed, dropped (queue full).
-    deliveries: [AtomicU64; 3],
+    deliveries: Arc<[AtomicU64; 3]>,
     /// The last alerts fired, with their Unix time in ms, oldest first.
-    latest: Mutex<std::collections::VecDeque<(u64, Alert)>>,
+    latest: Arc<Mutex<std::collections::VecDeque<(u64, Alert)>>>,
 }
 
 impl Alerts {
-    /// `limits` are the metrics limit names, in metrics order.
-    pub fn new(cfg: &AlertsConfig, limits: &[Arc<str>]) -> Arc<Self> {
+    /// `limits` are the metrics limit names, in metrics order; counts
+    /// carry on from `previous` (the running config's alerts).
+    pub fn new(cfg: &AlertsConfig, limits: &[Arc<str>], previous: Option<&Alerts>) -> Arc<Self> {
         let now = Instant::now();
         let rules: Vec<Rule> = cfg
             .rules
@@ -111,14 +114,31 @@ impl Alerts {
             }
             _ => (None, None),
         };
+        let fired = rules
+            .iter()
+            .map(|r| {
+                previous
+                    .and_then(|p| {
+                        p.rules
+                            .iter()
+                            .position(|o| o.name == r.name)
+                            .map(|i| p.fired[i].clone())
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
         let alerts = Arc::new(Alerts {
-            fired: rules.iter().map(|_| AtomicU64::new(0)).collect(),
+            fired,
             rules,
             by_limit,
             cooldown: cfg.cooldown,
             queue,
-            deliveries: Default::default(),
-            latest: Mutex::new(std::collections::VecDeque::with_capacity(LATEST)),
+            deliveries: previous.map(|p| p.deliveries.clone()).unwrap_or_default(),
+            latest: previous.map(|p| p.latest.clone()).unwrap_or_else(|| {
+                Arc::new(Mutex::new(std::collections::VecDeque::with_capacity(
+                    LATEST,
+                )))
+            }),
         });
         if let (Some(rx), Some(hook)) = (rx, cfg.webhook.clone()) {
             tokio::spawn(deliver(rx, hook, Arc::downgrade(&alerts)));
@@ -249,7 +269,7 @@ impl Alerts {
     pub fn deliveries(&self) -> Vec<(&'static str, u64)> {
         ["ok", "failed", "dropped"]
             .into_iter()
-            .zip(&self.deliveries)
+            .zip(self.deliveries.iter())
             .map(|(r, n)| (r, n.load(Ordering::Relaxed)))
             .collect()
     }

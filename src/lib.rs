@@ -33,6 +33,8 @@
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `metrics` holds the
 //! counters the request path adds to (atomics indexed at config load);
+//! `reload` says what a config reload keeps, rescales and drops (the swap
+//! itself is in `listener`, which owns the sockets);
 //! `admin` serves `/healthz`, `/readyz`, `/metrics`, the JSON API under
 //! `/api/` (limits, one key's state and its reset, top offenders) and the
 //! dashboard.
@@ -52,6 +54,7 @@ pub mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
+pub mod reload;
 
 pub use config::Config;
 pub use error::{ConfigError, ProxyError};

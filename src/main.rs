@@ -26,6 +26,13 @@ enum Command {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
         config: PathBuf,
     },
+    /// Ask a running tollgate to reload its config file (`POST /api/reload`
+    /// on its admin listener) and print what changed or every problem.
+    /// The admin token, when one is set, is read from TOLLGATE_ADMIN_TOKEN.
+    Reload {
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin: String,
+    },
     /// Validate a config file: print every problem and exit 1, or a summary and exit 0.
     Check {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
@@ -40,6 +47,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config, connect } => check(&config, connect),
+        Command::Reload { admin } => reload(&admin),
         Command::Run { config } => match run(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -83,17 +91,22 @@ fn check(path: &Path, connect: bool) -> ExitCode {
     }
 }
 
-/// `check --connect`: reaches the store and loads the script, or says why not.
-fn check_store(config: &Config) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// A one-thread runtime for the short commands.
+fn small_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
+        .map_err(|e| {
             eprintln!("tollgate: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+            ExitCode::FAILURE
+        })
+}
+
+/// `check --connect`: reaches the store and loads the script, or says why not.
+fn check_store(config: &Config) -> ExitCode {
+    let runtime = match small_runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
     };
     let result: Result<String, String> = runtime.block_on(async {
         let engine = tollgate::limiter::engine::Engine::open(
@@ -132,7 +145,8 @@ fn run(path: &Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let server = Server::bind(config).await?;
+        let server = Server::bind(config).await?.with_source(path.to_owned());
+        reload_on_sighup(server.reload_handle());
         for (name, addr) in server.addrs() {
             tracing::info!(listener = %name, %addr, "listening");
         }
@@ -142,6 +156,101 @@ fn run(path: &Path) -> anyhow::Result<()> {
         server.run(shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// Reloads the config file on every SIGHUP (the outcome is logged).
+fn reload_on_sighup(handle: tollgate::reload::ReloadHandle) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        let _ = handle.reload().await;
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload through the admin API")
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = handle;
+}
+
+/// `tollgate reload --admin ADDR`: asks, prints the answer, exits 0 when
+/// the new config is in place.
+fn reload(admin: &str) -> ExitCode {
+    let runtime = match small_runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let token = std::env::var("TOLLGATE_ADMIN_TOKEN").ok();
+    match runtime.block_on(post_reload(admin, token.as_deref())) {
+        Ok((200, body)) => {
+            println!("tollgate: reloaded");
+            print_changes(&body);
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            let detail = body["detail"].as_str().unwrap_or("refused");
+            eprintln!("tollgate: reload refused ({status}): {detail}");
+            for p in body["problems"].as_array().into_iter().flatten() {
+                eprintln!("  {}", p.as_str().unwrap_or_default());
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("tollgate: cannot reach the admin listener at {admin}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_changes(body: &serde_json::Value) {
+    let Some(changes) = body["changes"].as_object() else {
+        return;
+    };
+    for (what, items) in changes {
+        let items: Vec<&str> = items
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.as_str())
+            .collect();
+        if !items.is_empty() {
+            println!("  {}: {}", what.replace('_', " "), items.join(", "));
+        }
+    }
+}
+
+async fn post_reload(admin: &str, token: Option<&str>) -> anyhow::Result<(u16, serde_json::Value)> {
+    use http_body_util::{BodyExt, Empty};
+    let tcp = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::net::TcpStream::connect(admin),
+    )
+    .await
+    .context("connecting timed out")??;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let mut req = http::Request::post("/api/reload").header("host", admin);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        sender.send_request(req.body(Empty::<bytes::Bytes>::new())?),
+    )
+    .await
+    .context("no answer within 60s")??;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    Ok((status, json))
 }
 
 /// Resolves on SIGTERM or SIGINT.

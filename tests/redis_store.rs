@@ -295,3 +295,114 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
         "{calls} script calls for 1000 requests: no batching"
     );
 }
+
+/// A reload that changes a limit's numbers: Redis rescales the stored state
+/// the first time the new numbers read it (the numbers it was written
+/// under are kept with it), as the memory store does at the reload. 4 of 5
+/// used is 8 of 10 (two left), or all of 2 (none left), on every algorithm.
+#[tokio::test]
+async fn a_changed_limit_reads_old_state_rescaled_on_every_algorithm() {
+    let server = RedisServer::start();
+    let pairs = [
+        (
+            Algorithm::FixedWindow {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::SlidingWindow {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::SlidingLog {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::SlidingLog {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::TokenBucket {
+                amount: 5,
+                period_ms: 60_000,
+                burst: 5,
+            },
+            Algorithm::TokenBucket {
+                amount: 10,
+                period_ms: 60_000,
+                burst: 10,
+            },
+        ),
+        (
+            Algorithm::Gcra {
+                amount: 5,
+                period_ms: 60_000,
+                burst: 5,
+            },
+            Algorithm::Gcra {
+                amount: 10,
+                period_ms: 60_000,
+                burst: 10,
+            },
+        ),
+        (
+            Algorithm::Leaky {
+                rate_milli: 83,
+                burst: 4,
+                delay: u64::MAX,
+            },
+            Algorithm::Leaky {
+                rate_milli: 166,
+                burst: 9,
+                delay: u64::MAX,
+            },
+        ),
+    ];
+    let now = 1_000_000_000;
+    let mut ran = 0;
+    for (i, (old, new)) in pairs.into_iter().enumerate() {
+        for (case, (to, expect)) in [(new.clone(), 2), (old.divided(2), 0), (old.clone(), 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let name = format!("rescale{i}x{case}");
+            let before = Limit::new(&name, old.clone(), 0);
+            let after = Limit::new(&name, to.clone(), 0);
+            let redis = connect_one(&server, &before).await;
+            for _ in 0..4 {
+                let o = redis
+                    .decide_clocked(&[Check::new(&before, "k", 1)], now)
+                    .await
+                    .unwrap();
+                assert!(o.decisions[0].admitted(), "{old:?}");
+            }
+            let mut left = 0;
+            while redis
+                .decide_clocked(&[Check::new(&after, "k", 1)], now)
+                .await
+                .unwrap()
+                .decisions[0]
+                .admitted()
+            {
+                left += 1;
+                assert!(left < 100);
+            }
+            assert_eq!(left, expect, "{old:?} -> {to:?}");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 18);
+}

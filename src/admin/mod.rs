@@ -40,8 +40,12 @@ pub struct AdminState {
     /// False once shutdown has begun.
     pub ready: Arc<AtomicBool>,
     pub listeners: Vec<(String, SocketAddr)>,
-    pub pipeline: Arc<crate::pipeline::Pipeline>,
-    pub auth: AdminAuth,
+    /// The running request path (swapped by reloads).
+    pub live: crate::listener::Live,
+    /// Tokens (replaced by reloads).
+    pub auth: Arc<arc_swap::ArcSwap<AdminAuth>>,
+    /// Asks the server to reload its config (`POST /api/reload`).
+    pub reload: Option<crate::reload::ReloadHandle>,
 }
 
 /// Who may use the protected endpoints (`/api/*`, and `/metrics` with
@@ -100,7 +104,7 @@ impl AdminAuth {
 
 pub async fn serve(listener: TcpListener, state: AdminState) {
     let state = Arc::new(state);
-    tokio::spawn(sample(Arc::downgrade(&state.pipeline)));
+    tokio::spawn(sample(Arc::downgrade(&state.live)));
     loop {
         let Ok((tcp, peer)) = listener.accept().await else {
             continue;
@@ -119,15 +123,16 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
 }
 
 /// Samples the totals every [`STEP`] for the dashboard's last 15 minutes,
-/// until the pipeline is gone.
-async fn sample(pipeline: std::sync::Weak<crate::pipeline::Pipeline>) {
+/// until the server is gone.
+async fn sample(live: std::sync::Weak<arc_swap::ArcSwap<crate::pipeline::Pipeline>>) {
     let mut every = tokio::time::interval(STEP);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let Some(p) = pipeline.upgrade() else {
+        let Some(live) = live.upgrade() else {
             return;
         };
+        let p = live.load_full();
         p.metrics().history().record(p.sample());
     }
 }
@@ -169,10 +174,11 @@ async fn answer(
     peer: SocketAddr,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
-    let token = match state.auth.allows(&path, &req) {
+    let pipeline = state.live.load_full();
+    let token = match state.auth.load().allows(&path, &req) {
         Ok(token) => token,
         Err(()) => {
-            state.pipeline.metrics().admin_unauthorized();
+            pipeline.metrics().admin_unauthorized();
             tracing::info!(%path, %peer, "admin request without a valid token");
             let mut resp = json(problem(
                 StatusCode::UNAUTHORIZED,
@@ -189,18 +195,19 @@ async fn answer(
     let query = req.uri().query().unwrap_or("").to_owned();
     let method = req.method().clone();
     match (&method, path.as_str()) {
-        (_, "/metrics") => metrics(&req, state),
+        (_, "/metrics") => metrics(&req, &pipeline),
         (&Method::GET, "/dashboard" | "/dashboard/") => dashboard::page(),
         (&Method::GET, "/healthz") => json((StatusCode::OK, serde_json::json!({ "status": "ok" }))),
-        (&Method::GET, "/readyz") => json(ready(state)),
-        (&Method::GET, "/api/top") => json(api::top(&query, &state.pipeline)),
-        (&Method::GET, "/api/limits") => json(api::limits(&state.pipeline)),
-        (&Method::GET, "/api/overview") => json(api::overview(&query, &state.pipeline)),
+        (&Method::GET, "/readyz") => json(ready(state, &pipeline)),
+        (&Method::GET, "/api/top") => json(api::top(&query, &pipeline)),
+        (&Method::GET, "/api/limits") => json(api::limits(&pipeline)),
+        (&Method::GET, "/api/overview") => json(api::overview(&query, &pipeline)),
+        (&Method::POST, "/api/reload") => json(reload(state, &caller).await),
         (m, p) if p.starts_with("/api/keys/") => {
             let rest = &p["/api/keys/".len()..];
             json(match *m {
-                Method::GET => api::key(rest, &query, &state.pipeline).await,
-                Method::DELETE => api::reset(rest, &query, &state.pipeline, &caller).await,
+                Method::GET => api::key(rest, &query, &pipeline).await,
+                Method::DELETE => api::reset(rest, &query, &pipeline, &caller).await,
                 _ => problem(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "/api/keys/<limit>/<key> takes GET (read) or DELETE (reset)",
@@ -210,6 +217,7 @@ async fn answer(
         (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview") => {
             json(problem(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes GET")))
         }
+        (_, "/api/reload") => json(problem(StatusCode::METHOD_NOT_ALLOWED, "/api/reload takes POST")),
         _ => json(problem(
             StatusCode::NOT_FOUND,
             format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /dashboard or /api/limits"),
@@ -217,15 +225,49 @@ async fn answer(
     }
 }
 
-fn metrics(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+/// `POST /api/reload`: reads the config file again; 200 with what changed,
+/// 400 with every problem (the running config stays), 500 when it could
+/// not be put in place.
+async fn reload(state: &AdminState, caller: &Caller) -> (StatusCode, serde_json::Value) {
+    let Some(handle) = &state.reload else {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, "reloads are not available");
+    };
+    tracing::info!(by = %caller, "admin: config reload asked");
+    match handle.reload().await {
+        Ok(report) => (
+            StatusCode::OK,
+            serde_json::json!({ "status": "reloaded", "changes": report }),
+        ),
+        Err(crate::reload::ReloadError::Invalid(problems)) => {
+            let (status, mut body) = problem(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the config has {} problem(s); the running config stays",
+                    problems.len()
+                ),
+            );
+            body["problems"] = serde_json::json!(problems);
+            (status, body)
+        }
+        Err(crate::reload::ReloadError::Failed(why)) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{why}; the running config stays"),
+        ),
+    }
+}
+
+fn metrics(
+    req: &Request<Incoming>,
+    pipeline: &Arc<crate::pipeline::Pipeline>,
+) -> Response<Full<Bytes>> {
     let openmetrics = req
         .headers()
         .get_all(http::header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains(OPENMETRICS));
-    let sources: Arc<dyn crate::metrics::Sources> = state.pipeline.clone();
-    let body = state.pipeline.metrics().encode(sources, openmetrics);
+    let sources: Arc<dyn crate::metrics::Sources> = pipeline.clone();
+    let body = pipeline.metrics().encode(sources, openmetrics);
     let content_type = if openmetrics {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     } else {
@@ -237,7 +279,10 @@ fn metrics(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
     resp
 }
 
-fn ready(state: &AdminState) -> (StatusCode, serde_json::Value) {
+fn ready(
+    state: &AdminState,
+    pipeline: &crate::pipeline::Pipeline,
+) -> (StatusCode, serde_json::Value) {
     if !state.ready.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -254,7 +299,7 @@ fn ready(state: &AdminState) -> (StatusCode, serde_json::Value) {
         serde_json::json!({
             "status": "ready",
             "listeners": listeners,
-            "store": state.pipeline.store_report(),
+            "store": pipeline.store_report(),
         }),
     )
 }

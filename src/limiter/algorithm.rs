@@ -19,7 +19,10 @@
 
 mod buckets;
 mod leaky;
+mod rescale;
 mod windows;
+
+pub use rescale::rescale;
 
 use std::collections::VecDeque;
 

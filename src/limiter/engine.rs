@@ -10,8 +10,9 @@
 //! Groups keep their meaning in every mode (see [`Store::decide`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use super::memory::{MemoryStore, ZoneSpec};
+use super::memory::{Carry, MemoryStore, ZoneSpec};
 use super::redis::{RedisOptions, RedisStore};
 use super::{
     decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
@@ -22,6 +23,12 @@ pub struct Engine {
     /// The store when no Redis is configured; the `local` fallback otherwise.
     memory: MemoryStore,
     redis: Option<RedisStore>,
+    /// Kept across reloads.
+    stats: Arc<Stats>,
+}
+
+/// What the engine counts, for metrics and warnings.
+struct Stats {
     /// Requests decided without Redis since the last warning, and the
     /// second that warning was logged in: at most one warning a second.
     degraded: (AtomicU64, AtomicU64),
@@ -40,28 +47,45 @@ impl Engine {
         Engine {
             memory: MemoryStore::new(zones),
             redis,
-            degraded: (AtomicU64::new(0), AtomicU64::new(0)),
-            calls: Default::default(),
-            fallbacks: Default::default(),
-            durations: Histogram::new(&CALL_BOUNDS),
+            stats: Arc::new(Stats {
+                degraded: (AtomicU64::new(0), AtomicU64::new(0)),
+                calls: Default::default(),
+                fallbacks: Default::default(),
+                durations: Histogram::new(&CALL_BOUNDS),
+            }),
         }
+    }
+
+    /// The engine for a reloaded config: the memory store keeps the state
+    /// of the limits `carry` matches (see [`MemoryStore::reloaded`]); Redis
+    /// keeps its connection unless `redis` changed, in which case it
+    /// connects anew. Counters go on.
+    pub async fn reloaded(
+        &self,
+        redis: Option<&RedisOptions>,
+        zones: &[ZoneSpec],
+        carry: &[Option<Carry>],
+    ) -> Result<Engine, String> {
+        let store = match (redis, &self.redis) {
+            (None, _) => None,
+            (Some(o), Some(r)) if r.options() == o => Some(r.reloaded(zones)),
+            (Some(o), _) => Some(connect(o, zones).await?),
+        };
+        Ok(Engine {
+            memory: self.memory.reloaded(zones, carry),
+            redis: store,
+            stats: self.stats.clone(),
+        })
     }
 
     /// Connects Redis when `redis` is set. An unreachable Redis is logged,
     /// not fatal: limits follow `on_error` until it answers.
     pub async fn open(redis: Option<&RedisOptions>, zones: &[ZoneSpec]) -> Result<Self, String> {
-        let Some(options) = redis else {
-            return Ok(Engine::new(zones, None));
+        let store = match redis {
+            Some(options) => Some(connect(options, zones).await?),
+            None => None,
         };
-        let (store, warning) = RedisStore::connect(options, zones).await?;
-        match warning {
-            Some(why) => tracing::warn!(
-                error = %why,
-                "rate-limit store: Redis is not reachable yet; limits follow on_error until it is"
-            ),
-            None => tracing::info!(store = ?options, "rate-limit store: connected"),
-        }
-        Ok(Engine::new(zones, Some(store)))
+        Ok(Engine::new(zones, store))
     }
 
     /// The Redis store, when limits are shared through Redis.
@@ -82,21 +106,21 @@ impl Engine {
         };
         ["ok", "error", "timeout"]
             .into_iter()
-            .zip(&self.calls)
+            .zip(&self.stats.calls)
             .map(|(result, n)| (store, result, n.load(Ordering::Relaxed)))
             .collect()
     }
 
     /// Redis decision latency, for metrics (`None` without Redis).
     pub fn durations(&self) -> Option<HistogramSnapshot> {
-        self.redis.as_ref().map(|_| self.durations.snapshot())
+        self.redis.as_ref().map(|_| self.stats.durations.snapshot())
     }
 
     /// `(mode, requests)` decided by each failure mode, for metrics.
     pub fn fallbacks(&self) -> Vec<(&'static str, u64)> {
         ["fail_open", "fail_closed", "local"]
             .into_iter()
-            .zip(&self.fallbacks)
+            .zip(&self.stats.fallbacks)
             .map(|(mode, n)| (mode, n.load(Ordering::Relaxed)))
             .collect()
     }
@@ -135,7 +159,7 @@ impl Engine {
             .iter()
             .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
         {
-            self.fallbacks[1].fetch_add(1, Ordering::Relaxed);
+            self.stats.fallbacks[1].fetch_add(1, Ordering::Relaxed);
             return Err(LimiterError::Closed {
                 limit: c.limit.name.clone(),
                 cause: err.to_string(),
@@ -143,7 +167,7 @@ impl Engine {
         }
         for (n, mode) in [(0, OnError::FailOpen), (2, OnError::Local)] {
             if checks.iter().any(|c| c.limit.on_error == mode) {
-                self.fallbacks[n].fetch_add(1, Ordering::Relaxed);
+                self.stats.fallbacks[n].fetch_add(1, Ordering::Relaxed);
             }
         }
         let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
@@ -178,7 +202,7 @@ impl Engine {
     }
 
     fn warn_degraded(&self, now_ms: u64, err: &LimiterError) {
-        let (count, last) = &self.degraded;
+        let (count, last) = &self.stats.degraded;
         count.fetch_add(1, Ordering::Relaxed);
         let second = now_ms / 1000;
         if last.load(Ordering::Relaxed) < second && last.swap(second, Ordering::Relaxed) < second {
@@ -190,6 +214,20 @@ impl Engine {
             );
         }
     }
+}
+
+/// Connects Redis; an unreachable Redis is logged, not fatal: limits
+/// follow `on_error` until it answers.
+async fn connect(options: &RedisOptions, zones: &[ZoneSpec]) -> Result<RedisStore, String> {
+    let (store, warning) = RedisStore::connect(options, zones).await?;
+    match warning {
+        Some(why) => tracing::warn!(
+            error = %why,
+            "rate-limit store: Redis is not reachable yet; limits follow on_error until it is"
+        ),
+        None => tracing::info!(store = ?options, "rate-limit store: connected"),
+    }
+    Ok(store)
 }
 
 /// `fail_open`: admitted, with the whole quota left but this request.
@@ -208,20 +246,20 @@ fn open_decision(c: &Check<'_>) -> Decision {
 impl Store for Engine {
     async fn decide<'a>(&'a self, checks: &'a [Check<'a>]) -> Result<Outcome, LimiterError> {
         let Some(redis) = &self.redis else {
-            self.calls[0].fetch_add(1, Ordering::Relaxed);
+            self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
             return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
         };
         let started = std::time::Instant::now();
         let decided = redis.decide(checks).await;
-        self.durations.observe(started.elapsed());
+        self.stats.durations.observe(started.elapsed());
         match decided {
             Ok(outcome) => {
-                self.calls[0].fetch_add(1, Ordering::Relaxed);
+                self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
             Err(e) => {
                 let result = usize::from(matches!(e, LimiterError::Timeout(_))) + 1;
-                self.calls[result].fetch_add(1, Ordering::Relaxed);
+                self.stats.calls[result].fetch_add(1, Ordering::Relaxed);
                 self.fallback(checks, &e)
             }
         }

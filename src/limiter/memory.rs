@@ -19,6 +19,7 @@
 //! Memory per tracked key, measured by `benches/limiter.rs`: see README.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 use std::sync::{Mutex, MutexGuard};
@@ -41,7 +42,8 @@ pub struct ZoneSpec {
 }
 
 pub struct MemoryStore {
-    zones: Box<[Zone]>,
+    /// Shared with the store a reload replaced, for the limits it kept.
+    zones: Box<[Arc<Zone>]>,
     /// Keyed per process, so key hashes cannot be predicted from outside.
     hasher: std::collections::hash_map::RandomState,
     origin: Instant,
@@ -51,6 +53,18 @@ pub struct MemoryStore {
 
 struct Zone {
     shards: Box<[Mutex<Shard>]>,
+    /// The configured size, to tell a resize on reload.
+    size_bytes: u64,
+}
+
+/// How a limit of a new config takes over a limit's state from the store
+/// it replaces (matched by name on reload).
+#[derive(Debug, Clone)]
+pub struct Carry {
+    /// The limit's memory partition in the running store.
+    pub from: usize,
+    pub old: Algorithm,
+    pub new: Algorithm,
 }
 
 /// Bytes one tracked key costs in a full shard: its slot plus its share of
@@ -98,7 +112,7 @@ impl MemoryStore {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         MemoryStore {
-            zones: zones.iter().map(Zone::new).collect(),
+            zones: zones.iter().map(|z| Arc::new(Zone::new(z))).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             origin: Instant::now(),
             origin_ms,
@@ -110,9 +124,10 @@ impl MemoryStore {
         self.origin_ms + self.origin.elapsed().as_millis() as u64
     }
 
-    fn hash(&self, zone: usize, key: &str) -> u64 {
+    /// The key's hash (each zone has its own table, so the zone is not
+    /// part of it: a zone carried into a reloaded store keeps its hashes).
+    fn hash(&self, key: &str) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write_usize(zone);
         h.write(key.as_bytes());
         // 63 bits: the top bit of a slot's tag marks recent use.
         match h.finish() & !REFERENCED {
@@ -134,6 +149,41 @@ impl MemoryStore {
         s
     }
 
+    /// The store for a reloaded config with zones `zones`: `carry[i]` says
+    /// which zone of this store the new zone `i` takes over, if any. A zone
+    /// of the same size is shared (requests still running on this store
+    /// count in it too), its states rescaled when the limit's numbers
+    /// changed; a resized zone is a copy that keeps the most recently used
+    /// keys first. Same hash keys and clock: nothing else changes.
+    pub fn reloaded(&self, zones: &[ZoneSpec], carry: &[Option<Carry>]) -> MemoryStore {
+        let now = self.now_ms();
+        let zones = zones
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| match carry.get(i).and_then(Option::as_ref) {
+                Some(c) if self.zones[c.from].size_bytes == spec.size_bytes => {
+                    let zone = self.zones[c.from].clone();
+                    if c.old != c.new {
+                        zone.rescale(&c.new, &c.old, now);
+                    }
+                    zone
+                }
+                Some(c) => {
+                    let zone = Zone::new(spec);
+                    zone.take_from(&self.zones[c.from], c, now);
+                    Arc::new(zone)
+                }
+                None => Arc::new(Zone::new(spec)),
+            })
+            .collect();
+        MemoryStore {
+            zones,
+            hasher: self.hasher.clone(),
+            origin: self.origin,
+            origin_ms: self.origin_ms,
+        }
+    }
+
     /// Decides `checks` at `now` (ms); see [`Store::decide`].
     pub fn decide_at(&self, checks: &[Check<'_>], now: u64) -> Outcome {
         super::decide_in_groups(checks, |group, decisions| {
@@ -150,7 +200,7 @@ impl MemoryStore {
         let targets: Vec<(usize, usize, u64)> = checks
             .iter()
             .map(|c| {
-                let hash = self.hash(c.limit.zone, c.key);
+                let hash = self.hash(c.key);
                 (c.limit.zone, self.zones[c.limit.zone].shard_of(hash), hash)
             })
             .collect();
@@ -189,7 +239,7 @@ impl MemoryStore {
     /// already decides like a fresh key.
     pub fn peek_at(&self, limit: &super::Limit, key: &str, now: u64) -> Option<Decision> {
         let zone = &self.zones[limit.zone];
-        let hash = self.hash(limit.zone, key);
+        let hash = self.hash(key);
         let shard = lock(&zone.shards[zone.shard_of(hash)]);
         let idx = shard.find(hash)?;
         let mut state = shard.slots[idx as usize].state.clone();
@@ -204,7 +254,7 @@ impl MemoryStore {
     /// like a new client's. Whether the key was tracked.
     pub fn reset(&self, zone: usize, key: &str) -> bool {
         let z = &self.zones[zone];
-        let hash = self.hash(zone, key);
+        let hash = self.hash(key);
         let mut shard = lock(&z.shards[z.shard_of(hash)]);
         match shard.find(hash) {
             Some(idx) => {
@@ -217,7 +267,7 @@ impl MemoryStore {
 
     fn decide_one(&self, check: &Check<'_>, now: u64) -> Decision {
         let zone = &self.zones[check.limit.zone];
-        let hash = self.hash(check.limit.zone, check.key);
+        let hash = self.hash(check.key);
         let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
         let idx = shard.entry(hash);
         let decision = shard.check(&check.limit.algorithm, idx, now, check.cost);
@@ -269,6 +319,47 @@ impl Zone {
             shards: (0..shards)
                 .map(|_| Mutex::new(Shard::new(per, log_budget)))
                 .collect(),
+            size_bytes: spec.size_bytes,
+        }
+    }
+
+    /// Rewrites every state written under `old` as `new` reads it.
+    fn rescale(&self, new: &Algorithm, old: &Algorithm, now: u64) {
+        for shard in self.shards.iter() {
+            let mut g = lock(shard);
+            for idx in 0..g.slots.len() as u32 {
+                if g.slots[idx as usize].tag != FREE {
+                    g.with_state(idx, |s| *s = super::algorithm::rescale(new, old, s, now));
+                }
+            }
+        }
+    }
+
+    /// Fills this (new, empty) zone from `old`'s keys, rescaled: keys used
+    /// since the clock hand last passed first, then the rest, while there
+    /// is room.
+    fn take_from(&self, old: &Zone, c: &Carry, now: u64) {
+        let mut keys: Vec<(u64, State)> = Vec::new();
+        for shard in old.shards.iter() {
+            let g = lock(shard);
+            keys.extend(g.slots.iter().filter(|s| s.tag != FREE).map(|s| {
+                (
+                    s.tag,
+                    super::algorithm::rescale(&c.new, &c.old, &s.state, now),
+                )
+            }));
+        }
+        // Recently used first (the REFERENCED bit is the top one).
+        keys.sort_by_key(|(tag, _)| std::cmp::Reverse(tag & REFERENCED));
+        for (tag, state) in keys {
+            let hash = tag & !REFERENCED;
+            let mut g = lock(&self.shards[self.shard_of(hash)]);
+            if g.map.len() >= g.capacity {
+                continue;
+            }
+            let idx = g.entry(hash);
+            g.slots[idx as usize].tag |= tag & REFERENCED;
+            g.with_state(idx, |s| *s = state);
         }
     }
 

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 
 use super::linger::Linger;
 use super::ListenerCtx;
-use crate::metrics::Metrics;
+use crate::metrics::ListenerStats;
 use crate::pipeline::ConnInfo;
 
 /// How long an idle connection may take to close gracefully.
@@ -52,16 +52,15 @@ pub struct ConnState {
     /// Response frames the client has taken, ever: the send watchdog sees
     /// a stall as this not moving (no clock read per frame).
     frames_sent: AtomicU64,
-    /// Where this connection's requests are counted, and as which listener.
-    pub metrics: Arc<Metrics>,
-    pub listener: usize,
+    /// Its listener's connection counters.
+    stats: Arc<ListenerStats>,
 }
 
 impl ConnState {
     /// A new connection on listener `listener` (counted open until the
     /// last reference to it is dropped).
-    pub fn new(metrics: Arc<Metrics>, listener: usize) -> Self {
-        metrics.connection_opened(listener);
+    pub fn new(stats: Arc<ListenerStats>) -> Self {
+        stats.opened();
         ConnState {
             in_flight: AtomicUsize::new(0),
             last_change_ms: AtomicU64::new(0),
@@ -70,8 +69,7 @@ impl ConnState {
             linger: AtomicBool::new(false),
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
-            metrics,
-            listener,
+            stats,
         }
     }
 
@@ -127,7 +125,7 @@ impl ConnState {
 
 impl Drop for ConnState {
     fn drop(&mut self) {
-        self.metrics.connection_closed(self.listener);
+        self.stats.closed();
     }
 }
 
@@ -140,11 +138,12 @@ pub(super) async fn serve<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (pipeline, idle_timeout) = (ctx.pipeline.clone(), ctx.idle_timeout);
+    let (live, idle_timeout) = (ctx.live.clone(), ctx.idle_timeout);
     let state = info.state.clone();
     let peer = info.peer;
     let service = service_fn(move |req| {
-        let pipeline = pipeline.clone();
+        // Each request runs on the config current when it arrives.
+        let pipeline = live.load_full();
         let info = info.clone();
         async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) }
     });

@@ -67,6 +67,23 @@ impl History {
         s.push_back(sample);
     }
 
+    /// Re-indexes every sample's per-limit outcomes from the `old` limits'
+    /// order to the `new` one's (a reload); a limit not in `old` has none.
+    pub fn relabel<L: PartialEq>(&self, old: &[L], new: &[L]) {
+        let map: Vec<Option<usize>> = new
+            .iter()
+            .map(|l| old.iter().position(|o| o == l))
+            .collect();
+        let mut s = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        for sample in s.iter_mut() {
+            let before = std::mem::take(&mut sample.decisions);
+            sample.decisions = map
+                .iter()
+                .map(|m| m.and_then(|i| before.get(i).copied()).unwrap_or_default())
+                .collect();
+        }
+    }
+
     /// The steps between consecutive samples, oldest first, ending with
     /// one from the last sample to `now` (the live totals).
     pub fn steps(&self, now: &Sample) -> Vec<Step> {

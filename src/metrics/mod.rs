@@ -103,7 +103,7 @@ impl Histogram {
 }
 
 /// A zone or a route limit, as metrics name it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LimitLabel {
     /// `zone` or `route`.
     pub tier: &'static str,
@@ -144,72 +144,223 @@ pub trait Sources: Send + Sync {
     fn alert_deliveries(&self) -> Vec<(&'static str, u64)>;
 }
 
-/// Every counter the request path adds to.
+/// Per listener: connection counters, kept across reloads (the
+/// connections outlive a config).
+#[derive(Debug, Default)]
+pub struct ListenerStats {
+    open: AtomicI64,
+    /// TLS handshakes failed or timed out.
+    tls_failures: AtomicU64,
+    /// Connections accepted only after waiting for a slot.
+    at_cap: AtomicU64,
+}
+
+impl ListenerStats {
+    pub fn opened(&self) {
+        self.open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn tls_failed(&self) {
+        self.tls_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection that waited because `max_connections` were open.
+    pub fn waited_at_cap(&self) {
+        self.at_cap.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Status codes 100..=599 of one (listener, route).
+type Codes = [AtomicU64; CODES];
+/// One limit's `[outcome][user type]`.
+type Cells = [AtomicU64; OUTCOMES.len() * USER_TYPES.len()];
+
+/// Counters that are not per series of the config.
 #[derive(Debug)]
-pub struct Metrics {
-    listeners: Box<[Arc<str>]>,
-    /// Route names, then `-` for requests that matched none.
-    routes: Box<[Arc<str>]>,
-    /// `[listener][route][code - 100]`.
-    requests: Box<[AtomicU64]>,
-    /// Per route (and `-`).
-    durations: Box<[Histogram]>,
-    limits: Box<[LimitLabel]>,
-    /// `[limit][outcome][user type]`.
-    decisions: Box<[AtomicU64]>,
+struct Global {
     /// How long zone delays held requests.
     delays: Histogram,
     bypass: [AtomicU64; 4],
-    connections_open: Box<[AtomicI64]>,
-    /// Per listener: TLS handshakes failed or timed out.
-    tls_failures: Box<[AtomicU64]>,
-    /// Per listener: connections accepted only after waiting for a slot.
-    at_cap: Box<[AtomicU64]>,
-    /// Per limit: the keys with the most rejections lately.
-    top: Box<[TopKeys]>,
     /// Admin requests refused for a missing or wrong token.
     admin_unauthorized: AtomicU64,
     /// Keys reset through the admin API.
     key_resets: AtomicU64,
     /// Requests refused by a zone or a route limit.
     limited: AtomicU64,
+    /// Config reloads: ok, error.
+    reloads: [AtomicU64; 2],
     /// Samples of the totals over the last 15 minutes (dashboard).
     history: history::History,
 }
 
+/// Every counter the request path adds to, in tables indexed by what the
+/// config fixed at load. Each series is shared with the table of the
+/// config a reload replaced, matched by its labels (listener, route,
+/// limit): a reload loses no count, not even of the requests still running
+/// on the old config, and a series of a removed route or limit goes away.
+#[derive(Debug)]
+pub struct Metrics {
+    listeners: Box<[Arc<str>]>,
+    listener_stats: Box<[Arc<ListenerStats>]>,
+    /// Route names, then `-` for requests that matched none.
+    routes: Box<[Arc<str>]>,
+    /// `[listener * routes + route]`.
+    requests: Box<[Arc<Codes>]>,
+    /// Per route (and `-`).
+    durations: Box<[Arc<Histogram>]>,
+    limits: Box<[LimitLabel]>,
+    /// Per limit.
+    decisions: Box<[Arc<Cells>]>,
+    /// Per limit: the keys with the most rejections lately.
+    top: Box<[Arc<TopKeys>]>,
+    global: Arc<Global>,
+}
+
+/// The series of `previous` with the same label, or a new one.
+fn series<L: PartialEq, T>(
+    label: &L,
+    previous: Option<(&[L], &[Arc<T>])>,
+    new: impl FnOnce() -> T,
+) -> Arc<T> {
+    previous
+        .and_then(|(labels, values)| {
+            labels
+                .iter()
+                .position(|l| l == label)
+                .map(|i| values[i].clone())
+        })
+        .unwrap_or_else(|| Arc::new(new()))
+}
+
 impl Metrics {
     pub fn new(listeners: &[&str], routes: &[Arc<str>], limits: Vec<LimitLabel>) -> Self {
+        Self::carried(listeners, routes, limits, None)
+    }
+
+    /// The tables for a config, sharing every series `previous` (the
+    /// running config's tables) has with the same labels.
+    pub fn carried(
+        listeners: &[&str],
+        routes: &[Arc<str>],
+        limits: Vec<LimitLabel>,
+        previous: Option<&Metrics>,
+    ) -> Self {
         let mut route_names: Vec<Arc<str>> = routes.to_vec();
         route_names.push(Arc::from("-"));
-        let cells = listeners.len().max(1) * route_names.len() * CODES;
-        let limit_count = limits.len();
-        Metrics {
-            listeners: listeners.iter().map(|&l| Arc::from(l)).collect(),
-            requests: (0..cells).map(|_| AtomicU64::new(0)).collect(),
-            durations: route_names
+        let listeners: Vec<Arc<str>> = listeners.iter().map(|&l| Arc::from(l)).collect();
+        let listener_stats = listeners
+            .iter()
+            .map(|l| {
+                series(
+                    l,
+                    previous.map(|p| (&p.listeners[..], &p.listener_stats[..])),
+                    ListenerStats::default,
+                )
+            })
+            .collect();
+        let pairs = |m: &Metrics| -> Vec<(Arc<str>, Arc<str>)> {
+            m.listeners
                 .iter()
-                .map(|_| Histogram::new(&DURATION_BOUNDS))
-                .collect(),
-            routes: route_names.into(),
-            decisions: (0..limits.len() * OUTCOMES.len() * USER_TYPES.len())
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            top: limits
-                .iter()
-                .map(|_| TopKeys::new(Instant::now()))
-                .collect(),
-            limits: limits.into(),
-            delays: Histogram::new(&DELAY_BOUNDS),
-            bypass: Default::default(),
-            connections_open: listeners.iter().map(|_| AtomicI64::new(0)).collect(),
-            admin_unauthorized: AtomicU64::new(0),
-            key_resets: AtomicU64::new(0),
-            limited: AtomicU64::new(0),
-            // Counted from zero at start: the first minute is whole.
-            history: history::History::starting(limit_count),
-            tls_failures: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
-            at_cap: listeners.iter().map(|_| AtomicU64::new(0)).collect(),
+                .flat_map(|l| m.routes.iter().map(move |r| (l.clone(), r.clone())))
+                .collect()
+        };
+        let old_pairs = previous.map(pairs);
+        let mut requests = Vec::new();
+        // One row even without listeners (tests build tables without any).
+        let rows: Vec<Arc<str>> = if listeners.is_empty() {
+            vec![Arc::from("-")]
+        } else {
+            listeners.clone()
+        };
+        for l in &rows {
+            for r in &route_names {
+                requests.push(series(
+                    &(l.clone(), r.clone()),
+                    previous
+                        .zip(old_pairs.as_deref())
+                        .map(|(p, pairs)| (pairs, &p.requests[..])),
+                    || std::array::from_fn(|_| AtomicU64::new(0)),
+                ));
+            }
         }
+        let durations = route_names
+            .iter()
+            .map(|r| {
+                series(
+                    r,
+                    previous.map(|p| (&p.routes[..], &p.durations[..])),
+                    || Histogram::new(&DURATION_BOUNDS),
+                )
+            })
+            .collect();
+        let decisions = limits
+            .iter()
+            .map(|l| {
+                series(
+                    l,
+                    previous.map(|p| (&p.limits[..], &p.decisions[..])),
+                    || std::array::from_fn(|_| AtomicU64::new(0)),
+                )
+            })
+            .collect();
+        let top = limits
+            .iter()
+            .map(|l| {
+                series(l, previous.map(|p| (&p.limits[..], &p.top[..])), || {
+                    TopKeys::new(Instant::now())
+                })
+            })
+            .collect();
+        let global = match previous {
+            Some(p) => {
+                p.global.history.relabel(&p.limits, &limits);
+                p.global.clone()
+            }
+            None => Arc::new(Global {
+                delays: Histogram::new(&DELAY_BOUNDS),
+                bypass: Default::default(),
+                admin_unauthorized: AtomicU64::new(0),
+                key_resets: AtomicU64::new(0),
+                limited: AtomicU64::new(0),
+                reloads: Default::default(),
+                // Counted from zero at start: the first minute is whole.
+                history: history::History::starting(limits.len()),
+            }),
+        };
+        Metrics {
+            listeners: listeners.into(),
+            listener_stats,
+            requests: requests.into(),
+            durations,
+            routes: route_names.into(),
+            decisions,
+            top,
+            limits: limits.into(),
+            global,
+        }
+    }
+
+    /// The connection counters of listener `listener` (an index into the
+    /// config's listeners).
+    pub fn listener_stats(&self, listener: usize) -> Arc<ListenerStats> {
+        self.listener_stats
+            .get(listener)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The index of the listener named `name`, if the config has it.
+    pub fn listener_index(&self, name: &str) -> Option<usize> {
+        self.listeners.iter().position(|l| &**l == name)
+    }
+
+    /// A config reload, `ok` or not.
+    pub fn reloaded(&self, ok: bool) {
+        self.global.reloads[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The index of `-`, for requests that matched no route.
@@ -220,9 +371,8 @@ impl Metrics {
     /// A finished request: `route` from [`Metrics::no_route`] when none.
     pub fn request(&self, listener: usize, route: usize, status: u16, took: Duration) {
         let code = (status as usize).clamp(100, 599) - 100;
-        let cell = (listener * self.routes.len() + route) * CODES + code;
-        if let Some(c) = self.requests.get(cell) {
-            c.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.requests.get(listener * self.routes.len() + route) {
+            c[code].fetch_add(1, Ordering::Relaxed);
         }
         if let Some(h) = self.durations.get(route) {
             h.observe(took);
@@ -232,10 +382,9 @@ impl Metrics {
     /// One limit's decision for a request; `limit` indexes the labels given
     /// to [`Metrics::new`].
     pub fn decision(&self, limit: usize, outcome: Outcome, authenticated: bool) {
-        let cell = (limit * OUTCOMES.len() + outcome as usize) * USER_TYPES.len()
-            + usize::from(authenticated);
-        if let Some(c) = self.decisions.get(cell) {
-            c.fetch_add(1, Ordering::Relaxed);
+        let cell = outcome as usize * USER_TYPES.len() + usize::from(authenticated);
+        if let Some(c) = self.decisions.get(limit) {
+            c[cell].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -265,7 +414,7 @@ impl Metrics {
 
     /// A request refused by a zone or a route limit.
     pub fn limited(&self) {
-        self.limited.fetch_add(1, Ordering::Relaxed);
+        self.global.limited.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The zones and route limits, in the order of their indices.
@@ -277,15 +426,14 @@ impl Metrics {
     /// from the upstreams by the caller.
     pub fn sample(&self, at_ms: u64, upstream_errors: u64) -> history::Sample {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let per = OUTCOMES.len() * USER_TYPES.len();
         history::Sample {
             at_ms,
-            requests: self.requests.iter().map(load).sum(),
-            limited: load(&self.limited),
+            requests: self.requests.iter().flat_map(|c| c.iter()).map(load).sum(),
+            limited: load(&self.global.limited),
             upstream_errors,
             decisions: self
                 .decisions
-                .chunks(per)
+                .iter()
                 .map(|cells| {
                     std::array::from_fn(|o| {
                         cells[o * USER_TYPES.len()..(o + 1) * USER_TYPES.len()]
@@ -300,7 +448,7 @@ impl Metrics {
 
     /// The samples of the last 15 minutes.
     pub fn history(&self) -> &history::History {
-        &self.history
+        &self.global.history
     }
 
     /// The top `n` offenders of limit `limit` (an index into `limits`).
@@ -309,48 +457,25 @@ impl Metrics {
     }
 
     pub fn delay(&self, d: Duration) {
-        self.delays.observe(d);
+        self.global.delays.observe(d);
     }
 
     /// A bypassed request; `reason` indexes [`BYPASS_REASONS`].
     pub fn bypass(&self, reason: usize) {
-        if let Some(c) = self.bypass.get(reason) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub fn connection_opened(&self, listener: usize) {
-        if let Some(c) = self.connections_open.get(listener) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub fn tls_failed(&self, listener: usize) {
-        if let Some(c) = self.tls_failures.get(listener) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// A connection that waited because `max_connections` were open.
-    pub fn waited_at_cap(&self, listener: usize) {
-        if let Some(c) = self.at_cap.get(listener) {
+        if let Some(c) = self.global.bypass.get(reason) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub fn admin_unauthorized(&self) {
-        self.admin_unauthorized.fetch_add(1, Ordering::Relaxed);
+        self.global
+            .admin_unauthorized
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A key reset through `DELETE /api/keys/...`.
     pub fn key_reset(&self) {
-        self.key_resets.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn connection_closed(&self, listener: usize) {
-        if let Some(c) = self.connections_open.get(listener) {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.global.key_resets.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition: OpenMetrics when `openmetrics`, else the Prometheus
@@ -436,7 +561,7 @@ impl Collector for Scrape {
         for (l, listener) in m.listeners.iter().enumerate() {
             for (r, route) in m.routes.iter().enumerate() {
                 for code in 0..CODES {
-                    let n = m.requests[(l * routes + r) * CODES + code].load(Ordering::Relaxed);
+                    let n = m.requests[l * routes + r][code].load(Ordering::Relaxed);
                     if n > 0 {
                         let labels = vec![
                             ("listener", listener.to_string()),
@@ -467,7 +592,7 @@ impl Collector for Scrape {
         for (i, limit) in m.limits.iter().enumerate() {
             for (o, outcome) in OUTCOMES.iter().enumerate() {
                 for (u, user) in USER_TYPES.iter().enumerate() {
-                    let cell = (i * OUTCOMES.len() + o) * USER_TYPES.len() + u;
+                    let cell = o * USER_TYPES.len() + u;
                     let labels = vec![
                         ("tier", limit.tier.to_owned()),
                         ("route", limit.route.to_string()),
@@ -475,7 +600,7 @@ impl Collector for Scrape {
                         ("outcome", (*outcome).to_owned()),
                         ("user_type", (*user).to_owned()),
                     ];
-                    decisions.push((labels, m.decisions[cell].load(Ordering::Relaxed)));
+                    decisions.push((labels, m.decisions[i][cell].load(Ordering::Relaxed)));
                 }
             }
         }
@@ -484,7 +609,7 @@ impl Collector for Scrape {
             &mut e,
             "tollgate_limit_delay_seconds",
             "How long zone delays (nginx burst without nodelay) held requests.",
-            [(Vec::new(), m.delays.snapshot())],
+            [(Vec::new(), m.global.delays.snapshot())],
         )?;
         counter(
             &mut e,
@@ -492,7 +617,7 @@ impl Collector for Scrape {
             "Requests that skipped every limit, by reason.",
             BYPASS_REASONS
                 .iter()
-                .zip(&m.bypass)
+                .zip(&m.global.bypass)
                 .map(|(r, c)| (vec![("reason", (*r).to_owned())], c.load(Ordering::Relaxed))),
         )?;
         counter(
@@ -575,8 +700,13 @@ impl Collector for Scrape {
             "Client connections open, by listener.",
             m.listeners
                 .iter()
-                .zip(m.connections_open.iter())
-                .map(|(l, c)| (vec![("listener", l.to_string())], c.load(Ordering::Relaxed))),
+                .zip(m.listener_stats.iter())
+                .map(|(l, c)| {
+                    (
+                        vec![("listener", l.to_string())],
+                        c.open.load(Ordering::Relaxed),
+                    )
+                }),
         )?;
         let upstreams = s.upstreams();
         const RESULTS: [&str; 3] = ["ok", "error", "timeout"];
@@ -627,14 +757,19 @@ impl Collector for Scrape {
             "TLS handshakes that failed or timed out, by listener.",
             m.listeners
                 .iter()
-                .zip(m.tls_failures.iter())
-                .map(|(l, n)| (vec![("listener", l.to_string())], n.load(Ordering::Relaxed))),
+                .zip(m.listener_stats.iter())
+                .map(|(l, n)| {
+                    (
+                        vec![("listener", l.to_string())],
+                        n.tls_failures.load(Ordering::Relaxed),
+                    )
+                }),
         )?;
         counter(
             &mut e,
             "tollgate_connections_at_cap",
             "Connections accepted only after waiting because max_connections were open, by listener.",
-            m.listeners.iter().zip(m.at_cap.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.load(Ordering::Relaxed))),
+            m.listeners.iter().zip(m.listener_stats.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.at_cap.load(Ordering::Relaxed))),
         )?;
         counter(
             &mut e,
@@ -656,13 +791,25 @@ impl Collector for Scrape {
             &mut e,
             "tollgate_admin_unauthorized",
             "Admin requests refused for a missing or wrong token.",
-            [(Vec::new(), m.admin_unauthorized.load(Ordering::Relaxed))],
+            [(
+                Vec::new(),
+                m.global.admin_unauthorized.load(Ordering::Relaxed),
+            )],
         )?;
         counter(
             &mut e,
             "tollgate_admin_key_resets",
             "Rate-limit keys reset through the admin API.",
-            [(Vec::new(), m.key_resets.load(Ordering::Relaxed))],
+            [(Vec::new(), m.global.key_resets.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_config_reloads",
+            "Config reloads, by result (error: the file was refused and the running config kept).",
+            ["ok", "error"]
+                .into_iter()
+                .zip(&m.global.reloads)
+                .map(|(r, n)| (vec![("result", r.to_owned())], n.load(Ordering::Relaxed))),
         )?;
         gauge(
             &mut e,

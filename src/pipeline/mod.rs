@@ -119,6 +119,17 @@ impl Pipeline {
     /// Takes the routes, zones and identity out of `config`; the rest of it
     /// is only read.
     pub fn new(config: &mut Config, engine: Engine) -> Self {
+        Self::build(config, engine, None)
+    }
+
+    /// The request path of a reloaded config: `engine` comes from the
+    /// running one's (`Engine::reloaded`), metrics series and upstream
+    /// pools that did not change are shared with `previous`.
+    pub fn reloaded(config: &mut Config, engine: Engine, previous: &Pipeline) -> Self {
+        Self::build(config, engine, Some(previous))
+    }
+
+    fn build(config: &mut Config, engine: Engine, previous: Option<&Pipeline>) -> Self {
         let routes = std::mem::take(&mut config.routes);
         let zones = std::mem::take(&mut config.zones);
         let mut limits: Vec<LimitLabel> = zones
@@ -146,15 +157,24 @@ impl Pipeline {
         let limit_names: Vec<Arc<str>> = limits.iter().map(|l| l.name.clone()).collect();
         let route_names: Vec<Arc<str>> = routes.iter().map(|r| r.name.clone()).collect();
         Pipeline {
-            metrics: Arc::new(Metrics::new(&listeners, &route_names, limits)),
-            alerts: Alerts::new(&config.alerts, &limit_names),
+            metrics: Arc::new(Metrics::carried(
+                &listeners,
+                &route_names,
+                limits,
+                previous.map(|p| &*p.metrics),
+            )),
+            alerts: Alerts::new(&config.alerts, &limit_names, previous.map(|p| &*p.alerts)),
             limit_base: limit_base.into(),
             partitions: partitions.into(),
             routes,
             upstreams: config
                 .upstreams
                 .iter()
-                .map(|u| Arc::new(Upstream::new(u)))
+                .map(|u| {
+                    // An unchanged upstream keeps its pool of connections.
+                    let same = previous.and_then(|p| p.upstreams.iter().find(|o| o.same_config(u)));
+                    same.cloned().unwrap_or_else(|| Arc::new(Upstream::new(u)))
+                })
                 .collect(),
             max_header_bytes: config.server.max_header_bytes,
             max_headers: config.server.max_headers,
@@ -170,10 +190,15 @@ impl Pipeline {
             access_log: config.log.access_log,
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
-            zones: Zones::new(zones),
+            zones: Zones::new(zones, previous.map(|p| &p.zones)),
             identity: Identify::new(config.identity.take()),
             engine,
         }
+    }
+
+    /// The routes' names, in precedence order.
+    pub fn route_names(&self) -> Vec<Arc<str>> {
+        self.routes.iter().map(|r| r.name.clone()).collect()
     }
 
     /// The counters every request adds to (`/metrics`).
@@ -347,7 +372,13 @@ impl Pipeline {
         });
         let mut cx = Ctx::new(
             resolved,
-            RequestEnd::new(started, record, conn.state.clone()),
+            RequestEnd::new(
+                started,
+                record,
+                conn.state.clone(),
+                self.metrics.clone(),
+                self.metrics.listener_index(&conn.listener),
+            ),
         );
         let version = req.version();
         let expects_continue =

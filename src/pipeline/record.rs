@@ -14,6 +14,7 @@ use http::{Method, StatusCode};
 use crate::config::RouteConfig;
 use crate::limiter::conn::ConnSlot;
 use crate::listener::conn::ConnState;
+use crate::metrics::Metrics;
 
 /// What the access log line needs, filled in as the request moves along.
 pub struct AccessRecord {
@@ -43,8 +44,11 @@ pub struct RequestEnd {
     /// A response was handed to the client and its body has not ended:
     /// the connection's send watchdog is watching it.
     responding: bool,
-    /// For metrics: the route index (`Metrics::no_route` until one
-    /// matches) and the status answered.
+    /// For metrics: the tables of the config that served it, its listener
+    /// there (`None`: a listener a reload removed), the route index
+    /// (`Metrics::no_route` until one matches) and the status answered.
+    metrics: Arc<Metrics>,
+    listener: Option<usize>,
     route: usize,
     status: u16,
     /// Per-key concurrency slots (`max_conn`), released with the request.
@@ -52,7 +56,13 @@ pub struct RequestEnd {
 }
 
 impl RequestEnd {
-    pub fn new(started: Instant, record: Option<Box<AccessRecord>>, conn: Arc<ConnState>) -> Self {
+    pub fn new(
+        started: Instant,
+        record: Option<Box<AccessRecord>>,
+        conn: Arc<ConnState>,
+        metrics: Arc<Metrics>,
+        listener: Option<usize>,
+    ) -> Self {
         conn.request_started();
         RequestEnd {
             started,
@@ -60,7 +70,9 @@ impl RequestEnd {
             bytes: 0,
             aborted: false,
             responding: false,
-            route: conn.metrics.no_route(),
+            route: metrics.no_route(),
+            metrics,
+            listener,
             status: 499,
             conn,
             slots: Vec::new(),
@@ -131,9 +143,10 @@ impl Drop for RequestEnd {
         }
         self.conn.request_finished();
         let took = self.started.elapsed();
-        let conn = &self.conn;
-        conn.metrics
-            .request(conn.listener, self.route, self.status, took);
+        if let Some(listener) = self.listener {
+            self.metrics
+                .request(listener, self.route, self.status, took);
+        }
         let Some(r) = self.record.take() else { return };
         let ms = took.as_secs_f64() * 1000.0;
         tracing::info!(

@@ -28,11 +28,22 @@ pub struct Zones {
 }
 
 impl Zones {
-    pub fn new(zones: Vec<ZoneConfig>) -> Self {
+    /// The zones of a config; `previous` (the running config's, on reload)
+    /// lends its `max_conn` counts by zone name, so requests in flight
+    /// across the reload still hold their slots.
+    pub fn new(zones: Vec<ZoneConfig>, previous: Option<&Zones>) -> Self {
+        let carried = |z: &ZoneConfig| {
+            let p = previous?;
+            let i = p.zones.iter().position(|o| o.limit.name == z.limit.name)?;
+            p.conns[i].clone()
+        };
         Zones {
             conns: zones
                 .iter()
-                .map(|z| z.max_conn.map(|_| Arc::new(ConnCounter::default())))
+                .map(|z| {
+                    z.max_conn
+                        .map(|_| carried(z).unwrap_or_else(|| Arc::new(ConnCounter::default())))
+                })
                 .collect(),
             all: (0..zones.len()).collect(),
             zones,

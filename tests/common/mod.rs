@@ -391,16 +391,33 @@ pub struct TestProxy {
     pub pipeline: Arc<tollgate::pipeline::Pipeline>,
     stop: Option<oneshot::Sender<()>>,
     pub done: Option<tokio::task::JoinHandle<()>>,
+    /// Reloads the config file (for proxies started with `spawn_file`).
+    pub reload: tollgate::reload::ReloadHandle,
+    /// The request path running now (a reload replaces it).
+    pub live: tollgate::listener::Live,
 }
 
 impl TestProxy {
     pub async fn spawn(yaml: &str) -> TestProxy {
         let config = tollgate::Config::from_yaml(yaml, &|name| std::env::var(name).ok())
             .unwrap_or_else(|e| panic!("test config is invalid: {e}\n{yaml}"));
+        Self::start(tollgate::Server::bind(config).await.expect("bind"))
+    }
+
+    /// tollgate on the config file at `path`, which reloads read again.
+    pub async fn spawn_file(path: &std::path::Path) -> TestProxy {
+        let config = tollgate::Config::from_file(path)
+            .unwrap_or_else(|e| panic!("test config is invalid: {e}"));
         let server = tollgate::Server::bind(config).await.expect("bind");
+        Self::start(server.with_source(path.to_owned()))
+    }
+
+    fn start(server: tollgate::Server) -> TestProxy {
         let addrs = server.addrs();
         let admin = server.admin_addr();
         let pipeline = server.pipeline();
+        let reload = server.reload_handle();
+        let live = server.live();
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(server.run(async move {
             let _ = stopped.await;
@@ -411,6 +428,8 @@ impl TestProxy {
             pipeline,
             stop: Some(stop),
             done: Some(done),
+            reload,
+            live,
         }
     }
 

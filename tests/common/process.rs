@@ -95,6 +95,11 @@ impl Running {
         events
     }
 
+    /// The config file it runs on (a test may rewrite it and reload).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("tollgate.yaml")
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])

@@ -93,7 +93,7 @@ pub(super) fn gcra_charge(amount: u64, period_ms: u64, state: &mut State, now: u
     *state = State::Tat((tat + cost as u128 * period_ms as u128) as u64);
 }
 
-fn bucket_level(state: &State, now: u64, a: u128, capacity: u128) -> u128 {
+pub(super) fn bucket_level(state: &State, now: u64, a: u128, capacity: u128) -> u128 {
     match *state {
         State::Bucket { level, last } => {
             (level as u128 + now.saturating_sub(last) as u128 * a).min(capacity)
@@ -103,7 +103,7 @@ fn bucket_level(state: &State, now: u64, a: u128, capacity: u128) -> u128 {
 }
 
 /// GCRA's theoretical arrival time, never in the past.
-fn gcra_tat(state: &State, scaled_now: u128) -> u128 {
+pub(super) fn gcra_tat(state: &State, scaled_now: u128) -> u128 {
     match *state {
         State::Tat(t) => (t as u128).max(scaled_now),
         _ => scaled_now,

@@ -113,7 +113,7 @@ pub(super) fn log_charge(state: &mut State, now: u64, cost: u64) {
     log.total += cost;
 }
 
-fn fixed_roll(state: &State, now: u64, w: u64) -> (u64, u64) {
+pub(super) fn fixed_roll(state: &State, now: u64, w: u64) -> (u64, u64) {
     let start = now - now % w;
     match *state {
         State::Window { start: s, count } if s == start => (start, count),
@@ -121,7 +121,7 @@ fn fixed_roll(state: &State, now: u64, w: u64) -> (u64, u64) {
     }
 }
 
-fn sliding_roll(state: &State, now: u64, w: u64) -> (u64, u32, u32) {
+pub(super) fn sliding_roll(state: &State, now: u64, w: u64) -> (u64, u32, u32) {
     let start = now - now % w;
     match *state {
         State::Sliding {

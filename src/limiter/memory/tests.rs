@@ -443,3 +443,108 @@ fn groups_stop_at_an_enforced_rejection_and_never_at_a_dry_run() {
     assert!(!o.decisions[0].admitted());
     assert_eq!(o.decisions[1].remaining, 2);
 }
+
+fn spec(name: &str, size_bytes: u64) -> ZoneSpec {
+    ZoneSpec {
+        name: Arc::from(name),
+        size_bytes,
+    }
+}
+
+fn left(s: &MemoryStore, l: &Limit, key: &str, now: u64) -> u64 {
+    let mut n = 0;
+    while s.decide_at(&[check(l, key)], now).verdict() != Verdict::Reject {
+        n += 1;
+        assert!(n < 1000);
+    }
+    n
+}
+
+#[test]
+fn a_reload_keeps_shares_and_rescales_state_by_limit() {
+    let five = Algorithm::SlidingLog {
+        limit: 5,
+        window_ms: 60_000,
+    };
+    let old_login = limit("login", five.clone(), 0);
+    let old = MemoryStore::new(&[spec("login", 1 << 20)]);
+    let now = old.now_ms();
+    for _ in 0..4 {
+        assert!(old.decide_at(&[check(&old_login, "ip:1")], now).decisions[0].admitted());
+    }
+    // Unchanged (and moved from partition 0 to 1): one left, and the zone
+    // is shared with the old store while its requests finish.
+    let kept = old.reloaded(
+        &[spec("other", 1 << 20), spec("login", 1 << 20)],
+        &[
+            None,
+            Some(Carry {
+                from: 0,
+                old: five.clone(),
+                new: five.clone(),
+            }),
+        ],
+    );
+    let new_login = limit("login", five.clone(), 1);
+    assert!(kept.decide_at(&[check(&new_login, "ip:1")], now).decisions[0].admitted());
+    assert_eq!(
+        old.decide_at(&[check(&old_login, "ip:1")], now).verdict(),
+        Verdict::Reject,
+        "the old store sees the new store's charge: one zone"
+    );
+    // 5 -> 10 with 5 used: 10 of 10.
+    let ten = Algorithm::SlidingLog {
+        limit: 10,
+        window_ms: 60_000,
+    };
+    let old2 = MemoryStore::new(&[spec("login", 1 << 20)]);
+    for _ in 0..4 {
+        let _ = old2.decide_at(&[check(&old_login, "ip:2")], now);
+    }
+    let scaled = old2.reloaded(
+        &[spec("login", 1 << 20)],
+        &[Some(Carry {
+            from: 0,
+            old: five.clone(),
+            new: ten.clone(),
+        })],
+    );
+    assert_eq!(left(&scaled, &limit("login", ten, 0), "ip:2", now), 2);
+    // Not carried: fresh.
+    let fresh = old2.reloaded(&[spec("login", 1 << 20)], &[None]);
+    assert_eq!(left(&fresh, &old_login, "ip:2", now), 5);
+}
+
+#[test]
+fn a_smaller_zone_on_reload_keeps_the_most_recently_used_keys() {
+    let alg = Algorithm::FixedWindow {
+        limit: 3,
+        window_ms: 60_000,
+    };
+    let l = limit("z", alg.clone(), 0);
+    let old = MemoryStore::new(&[spec("z", 1 << 20)]);
+    let now = old.now_ms();
+    for i in 0..2000 {
+        let _ = old.decide_at(&[check(&l, &format!("ip:{i}"))], now);
+    }
+    // Ten keys used again: marked recently used.
+    let recent: Vec<String> = (0..10).map(|i| format!("ip:{}", i * 97)).collect();
+    for k in &recent {
+        let _ = old.decide_at(&[check(&l, k)], now);
+    }
+    let small = 64 * ENTRY_BYTES as u64;
+    let new = old.reloaded(
+        &[spec("z", small)],
+        &[Some(Carry {
+            from: 0,
+            old: alg.clone(),
+            new: alg.clone(),
+        })],
+    );
+    let stats = new.stats(0);
+    assert!(stats.keys <= stats.capacity && stats.keys > 0, "{stats:?}");
+    for k in &recent {
+        // Two used of three: one left, so the state came across.
+        assert_eq!(left(&new, &l, k, now), 1, "{k} lost in the resize");
+    }
+}

@@ -37,6 +37,7 @@ pub type Answer = Result<(u64, Vec<i64>), Failure>;
 
 type Queued = (Job, oneshot::Sender<Answer>);
 
+#[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::UnboundedSender<Queued>,
 }

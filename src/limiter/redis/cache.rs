@@ -36,9 +36,12 @@ impl RejectCache {
         }
     }
 
-    fn hash(&self, zone: usize, key: &str) -> u64 {
+    /// `limit` is the limit's Redis key suffix (its name): stable across a
+    /// reload, unlike its position.
+    fn hash(&self, limit: &str, key: &str) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write_usize(zone);
+        h.write(limit.as_bytes());
+        h.write_u8(0xff);
         h.write(key.as_bytes());
         h.finish()
     }
@@ -58,9 +61,9 @@ impl RejectCache {
         self.latest.load(Ordering::Relaxed) <= self.ms(now)
     }
 
-    /// How long `key` of limit `zone` stays rejected, if it is cached.
-    pub fn rejected_for(&self, zone: usize, key: &str, now: Instant) -> Option<Duration> {
-        let hash = self.hash(zone, key);
+    /// How long `key` of limit `limit` stays rejected, if it is cached.
+    pub fn rejected_for(&self, limit: &str, key: &str, now: Instant) -> Option<Duration> {
+        let hash = self.hash(limit, key);
         let mut shard = self.shard(hash);
         let until = *shard.get(&hash)?;
         if until > now {
@@ -78,16 +81,16 @@ impl RejectCache {
         }
     }
 
-    /// Drops `key` of limit `zone` (its state was reset).
-    pub fn forget(&self, zone: usize, key: &str) {
-        let hash = self.hash(zone, key);
+    /// Drops `key` of limit `limit` (its state was reset).
+    pub fn forget(&self, limit: &str, key: &str) {
+        let hash = self.hash(limit, key);
         self.shard(hash).remove(&hash);
     }
 
-    pub fn insert(&self, zone: usize, key: &str, until: Instant) {
+    pub fn insert(&self, limit: &str, key: &str, until: Instant) {
         // Rounded up: `is_idle` must never pass over a live entry.
         self.latest.fetch_max(self.ms(until) + 1, Ordering::Relaxed);
-        let hash = self.hash(zone, key);
+        let hash = self.hash(limit, key);
         let mut shard = self.shard(hash);
         if shard.len() >= SHARD_CAPACITY {
             let now = Instant::now();
@@ -102,7 +105,13 @@ impl RejectCache {
 
 /// The first enforced group with a key cached as rejected: where it
 /// starts, and per check of it how long it stays rejected.
-pub(super) fn cached_cut(cache: &RejectCache, checks: &[Check<'_>], now: Instant) -> Option<Cut> {
+/// `names[zone]` is each limit's Redis key suffix.
+pub(super) fn cached_cut(
+    cache: &RejectCache,
+    names: &[String],
+    checks: &[Check<'_>],
+    now: Instant,
+) -> Option<Cut> {
     if cache.is_idle(now) {
         return None;
     }
@@ -111,7 +120,7 @@ pub(super) fn cached_cut(cache: &RejectCache, checks: &[Check<'_>], now: Instant
         if !group[0].dry_run {
             let waits: Vec<Option<Duration>> = group
                 .iter()
-                .map(|c| cache.rejected_for(c.limit.zone, c.key, now))
+                .map(|c| cache.rejected_for(&names[c.limit.zone], c.key, now))
                 .collect();
             if waits.iter().any(Option::is_some) {
                 return Some(Cut { start, waits });
@@ -125,6 +134,7 @@ pub(super) fn cached_cut(cache: &RejectCache, checks: &[Check<'_>], now: Instant
 /// Remembers the keys Redis rejected, until their retry time.
 pub(super) fn remember(
     cache: &RejectCache,
+    names: &[String],
     checks: &[Check<'_>],
     decisions: &[Decision],
     now: Instant,
@@ -132,7 +142,7 @@ pub(super) fn remember(
     for (c, d) in checks.iter().zip(decisions) {
         if !c.dry_run && !d.admitted() && d.retry_after_ms > 0 {
             cache.insert(
-                c.limit.zone,
+                &names[c.limit.zone],
                 c.key,
                 now + Duration::from_millis(d.retry_after_ms),
             );

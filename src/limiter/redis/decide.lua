@@ -42,28 +42,94 @@ end
 local function cdiv(a, b) return -idiv(-a, b) end
 local U32 = 4294967295
 
--- States are stored as "<tag>:<n>:<n>[:<n>...]" and decoded once per call
--- into { tag, n, n, ... }; a state of another algorithm (a limit whose
--- algorithm changed) decides like a new key.
+-- States are stored as "<tag>:<n>:<n>[:<n>...]|<p1>,<p2>,<p3>" and decoded
+-- once per call into { tag, n, n, ..., p = { p1, p2, p3 } }: the numbers
+-- of the limit that wrote them, so a reload that changes them rescales the
+-- state instead of misreading it (a value without them, written before
+-- they were kept, is read under the current numbers). A state of another
+-- algorithm (a limit whose algorithm changed) decides like a new key.
 local match, format, tonumber = string.match, string.format, tonumber
 local function decode(v)
   if not v then return false end
-  local tag = string.sub(v, 1, 1)
+  local body, params = match(v, '^([^|]*)|(.*)$')
+  if not body then body = v end
+  local p
+  if params then
+    local a, b, c = match(params, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+    if a then p = { tonumber(a), tonumber(b), tonumber(c) } end
+  end
+  local tag = string.sub(body, 1, 1)
   if tag == 'L' then
-    local s = { 'L' }
-    for n in string.gmatch(v, '%d+') do s[#s + 1] = tonumber(n) end
+    local s = { 'L', p = p }
+    for n in string.gmatch(body, '%d+') do s[#s + 1] = tonumber(n) end
     return s
   end
-  local a, b, c = match(v, '^%u:(%d+):(%d+):?(%d*)$')
+  local a, b, c = match(body, '^%u:(%d+):(%d+):?(%d*)$')
   if not a then return false end
-  return { tag, tonumber(a), tonumber(b), tonumber(c) }
+  return { tag, tonumber(a), tonumber(b), tonumber(c), p = p }
 end
 local function encode(s)
-  if s[1] == 'S' then return format('S:%d:%d:%d', s[2], s[3], s[4]) end
-  if s[1] ~= 'L' then return format('%s:%d:%d', s[1], s[2], s[3]) end
-  local parts = { 'L' }
-  for k = 2, #s do parts[k] = format('%d', s[k]) end
-  return table.concat(parts, ':')
+  local v
+  if s[1] == 'S' then v = format('S:%d:%d:%d', s[2], s[3], s[4])
+  elseif s[1] ~= 'L' then v = format('%s:%d:%d', s[1], s[2], s[3])
+  else
+    local parts = { 'L' }
+    for k = 2, #s do parts[k] = format('%d', s[k]) end
+    v = table.concat(parts, ':')
+  end
+  if s.p then v = v .. format('|%d,%d,%d', s.p[1], s.p[2], s.p[3]) end
+  return v
+end
+
+-- A state written under other numbers (a reload changed the limit): the
+-- client keeps the share of its budget it had used, rounded against it,
+-- as src/limiter/algorithm/rescale.rs does for the memory store.
+-- o: the numbers it was written under, n: the current ones.
+local function up(used, num, den) return cdiv(used * num, den) end
+local rescale = {}
+rescale.F = function(s, o, n)
+  local start = idiv(now, o[2]) * o[2]
+  local count = (s[2] == start) and s[3] or 0
+  count = min(up(count, n[1], o[1]), U32)
+  if n[2] ~= o[2] then start = idiv(now, n[2]) * n[2] end
+  return { 'F', start, count }
+end
+rescale.S = function(s, o, n)
+  local w0 = o[2]
+  local start = idiv(now, w0) * w0
+  local prev, curr = 0, 0
+  if s[2] == start then prev, curr = s[3], s[4]
+  elseif s[2] + w0 == start then prev = s[4] end
+  if n[2] == w0 then
+    return { 'S', start, min(up(prev, n[1], o[1]), U32), min(up(curr, n[1], o[1]), U32) }
+  end
+  local used = cdiv(prev * (start + w0 - now), w0) + curr
+  return { 'S', idiv(now, n[2]) * n[2], 0, min(up(used, n[1], o[1]), U32) }
+end
+rescale.L = function(s, o, n)
+  local out = { 'L' }
+  for i = 2, #s, 2 do
+    out[i] = s[i]
+    out[i + 1] = min(up(s[i + 1], n[1], o[1]), U32)
+  end
+  return out
+end
+rescale.B = function(s, o, n)
+  local capacity0 = o[3] * o[2]
+  local level = min(s[2] + max(0, now - s[3]) * o[1], capacity0)
+  return { 'B', floor(level * ((n[3] * n[2]) / capacity0)), now }
+end
+rescale.G = function(s, o, n)
+  local d = 0
+  if s[2] >= now then d = (s[2] - now) * o[1] + s[3] end
+  local nd = math.ceil(d * ((n[3] * n[2]) / (o[3] * o[2])))
+  local q = idiv(nd, n[1])
+  return { 'G', now + q, nd - q * n[1] }
+end
+rescale.K = function(s, o, n)
+  local excess = max(0, s[2] - idiv(o[1] * max(0, now - s[3]), 1000))
+  if excess > 0 then excess = max(0, up(excess + 1000, n[2] + 1, o[2] + 1) - 1000) end
+  return { 'K', excess, now }
 end
 
 -- Each takes the decoded state (false for none) and returns verdict,
@@ -221,13 +287,14 @@ local key = 1 -- next KEYS
 -- Requests on one route share their spec: each distinct spec is parsed once.
 local parsed = {}
 local function parse(spec)
-  local p = { n = 0, alg = {}, p1 = {}, p2 = {}, p3 = {}, cost = {}, peek = {}, grp = {}, dry = {} }
+  local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, cost = {}, peek = {}, grp = {}, dry = {} }
   for a, b, c, d, e, f, g, h in string.gmatch(spec,
       '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
     local n = p.n + 1
     p.n = n
+    p.tag[n] = TAGS[tonumber(a)]
     p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
-      algorithms[TAGS[tonumber(a)]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
+      algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
     p.peek[n], p.grp[n], p.dry[n] = f, g, h
   end
   parsed[spec] = p
@@ -235,7 +302,7 @@ local function parse(spec)
 end
 for r = 2, #ARGV do
   local p = parsed[ARGV[r]] or parse(ARGV[r])
-  local n, alg, p1, p2, p3, cost = p.n, p.alg, p.p1, p.p2, p.p3, p.cost
+  local n, tag, alg, p1, p2, p3, cost = p.n, p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
   local peek, grp, dry = p.peek, p.grp, p.dry
   local count_at = #out + 1
   out[count_at] = 0
@@ -249,12 +316,20 @@ for r = 2, #ARGV do
     local writes = {}
     for k = i, j do
       local name = KEYS[key + k - 1]
+      local st = state(name)
+      local was = st and st.p
+      if was and st[1] == tag[k] and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
+        st = rescale[tag[k]](st, was, { p1[k], p2[k], p3[k] })
+        st.p = { p1[k], p2[k], p3[k] }
+        cached[name] = st
+      end
       local verdict, wait, remaining, reset, retry, new, ttl =
-        alg[k](state(name), p1[k], p2[k], p3[k], cost[k])
+        alg[k](st, p1[k], p2[k], p3[k], cost[k])
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = verdict, wait, remaining, reset, retry
       if verdict == 2 then ok = false
       elseif peek[k] ~= '1' then
+        new.p = { p1[k], p2[k], p3[k] }
         writes[#writes + 1] = name
         writes[#writes + 1] = new
         writes[#writes + 1] = ttl

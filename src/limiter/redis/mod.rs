@@ -45,7 +45,7 @@ const REFUND: &str = include_str!("refund.lua");
 const STRIDE: usize = 5;
 
 /// How to reach Redis and how patient to be (`store` in the config).
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct RedisOptions {
     /// One URL, or a cluster's seed nodes.
     pub nodes: Vec<String>,
@@ -93,8 +93,10 @@ pub struct RedisStore {
     timeout: Duration,
     cluster: bool,
     cache: Option<Arc<RejectCache>>,
-    /// Listens for resets made on other replicas (with the cache).
-    resets: Option<tokio::task::AbortHandle>,
+    /// Shared by the stores reloads derive from this one: the last dropped
+    /// closes the connection.
+    _alive: Arc<Alive>,
+    options: RedisOptions,
     /// Script calls sent, for benchmarks and tests.
     calls: Arc<AtomicU64>,
     /// Single node only: requests queued into shared script calls.
@@ -128,16 +130,7 @@ impl RedisStore {
             options.connect_timeout,
             options.probe_interval,
         ));
-        let mut suffixes: Vec<String> = Vec::with_capacity(zones.len());
-        for (i, z) in zones.iter().enumerate() {
-            let shared = zones.iter().filter(|o| o.name == z.name).count() > 1;
-            suffixes.push(if shared {
-                format!("{}#{i}", z.name)
-            } else {
-                z.name.to_string()
-            });
-        }
-        let suffixes: Arc<[String]> = suffixes.into();
+        let suffixes = suffixes(zones);
         let cache = options
             .cache_rejections
             .then(|| Arc::new(RejectCache::new()));
@@ -147,7 +140,6 @@ impl RedisStore {
                     client,
                     resets::channel(&options.prefix),
                     Arc::downgrade(cache),
-                    suffixes.clone(),
                     options.probe_interval,
                 ))
                 .abort_handle(),
@@ -165,7 +157,11 @@ impl RedisStore {
             timeout: options.timeout,
             cluster: options.cluster,
             cache,
-            resets,
+            _alive: Arc::new(Alive {
+                link: link.clone(),
+                resets,
+            }),
+            options: options.clone(),
             batcher: (!options.cluster)
                 .then(|| Batcher::start(link.clone(), decide, options.timeout, calls.clone())),
             calls,
@@ -176,6 +172,34 @@ impl RedisStore {
     /// Whether decisions can reach Redis now (connected, breaker closed).
     pub fn is_up(&self) -> bool {
         self.link.is_up()
+    }
+
+    /// The same connection, scripts and rejection cache (emptied: cached
+    /// retry times follow the old limits) for a reloaded config's limits.
+    pub fn reloaded(&self, zones: &[ZoneSpec]) -> RedisStore {
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
+        RedisStore {
+            link: self.link.clone(),
+            decide: self.decide.clone(),
+            refund: self.refund.clone(),
+            prefix: self.prefix.clone(),
+            suffixes: suffixes(zones),
+            timeout: self.timeout,
+            cluster: self.cluster,
+            cache: self.cache.clone(),
+            _alive: self._alive.clone(),
+            options: self.options.clone(),
+            calls: self.calls.clone(),
+            batcher: self.batcher.clone(),
+        }
+    }
+
+    /// The options it was connected with (a reload that changes them
+    /// connects anew).
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
     }
 
     /// Whether this is a Redis Cluster.
@@ -257,7 +281,7 @@ impl RedisStore {
         let rkey = self.key(&Check::new(limit, key, 1));
         let deleted: i64 = self.command(redis::cmd("DEL").arg(&rkey)).await?;
         if let Some(cache) = &self.cache {
-            cache.forget(limit.zone, key);
+            cache.forget(&self.suffixes[limit.zone], key);
             let channel = resets::channel(&self.prefix);
             let message = resets::message(&self.suffixes[limit.zone], key);
             let published = self
@@ -311,13 +335,13 @@ impl RedisStore {
             });
         };
         let local_now = Instant::now();
-        let outcome = match cached_cut(cache, checks, local_now) {
+        let outcome = match cached_cut(cache, &self.suffixes, checks, local_now) {
             Some(cut) => self.decide_around(checks, now, cut).await?,
             None => Outcome {
                 decisions: self.send(checks, now).await?,
             },
         };
-        remember(cache, checks, &outcome.decisions, local_now);
+        remember(cache, &self.suffixes, checks, &outcome.decisions, local_now);
         Ok(outcome)
     }
 
@@ -535,7 +559,14 @@ impl RedisStore {
     }
 }
 
-impl Drop for RedisStore {
+/// What ends with the last store sharing a connection.
+struct Alive {
+    link: Arc<Link>,
+    /// Listens for resets made on other replicas (with the cache).
+    resets: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Alive {
     fn drop(&mut self) {
         if let Some(r) = &self.resets {
             r.abort();
@@ -574,6 +605,20 @@ fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
     single_client(url, options)
         .map(Target::Single)
         .map_err(|e| describe(&e))
+}
+
+/// Per limit: its Redis key suffix, its name when unique.
+fn suffixes(zones: &[ZoneSpec]) -> Arc<[String]> {
+    let mut suffixes: Vec<String> = Vec::with_capacity(zones.len());
+    for (i, z) in zones.iter().enumerate() {
+        let shared = zones.iter().filter(|o| o.name == z.name).count() > 1;
+        suffixes.push(if shared {
+            format!("{}#{i}", z.name)
+        } else {
+            z.name.to_string()
+        });
+    }
+    suffixes.into()
 }
 
 /// A plain connection for the reset subscription: the URL, or on a

@@ -13,16 +13,21 @@ local function idiv(a, b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
+-- The numbers a state was written under ("|p1,p2,p3", see decide.lua)
+-- are kept as they are.
+local params = ''
 local function fields(v, tag)
   if not v or string.sub(v, 1, 1) ~= tag then return nil end
+  local body, rest = string.match(v, '^([^|]*)(.*)$')
+  params = rest
   local out = {}
-  for n in string.gmatch(v, ':(%-?%d+)') do out[#out + 1] = tonumber(n) end
+  for n in string.gmatch(body, ':(%-?%d+)') do out[#out + 1] = tonumber(n) end
   return out
 end
 local function put(key, tag, list)
   local parts = { tag }
   for k = 1, #list do parts[k + 1] = string.format('%d', list[k]) end
-  redis.call('SET', key, table.concat(parts, ':'), 'KEEPTTL')
+  redis.call('SET', key, table.concat(parts, ':') .. params, 'KEEPTTL')
 end
 
 local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }

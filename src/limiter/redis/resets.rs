@@ -8,7 +8,7 @@
 //! subscribed again, so a reset published meanwhile is never missed (the
 //! cache only saves round trips; an empty cache decides the same).
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -30,7 +30,6 @@ pub async fn listen(
     client: redis::Client,
     channel: String,
     cache: Weak<RejectCache>,
-    suffixes: Arc<[String]>,
     retry: Duration,
 ) {
     loop {
@@ -49,9 +48,7 @@ pub async fn listen(
                         continue;
                     };
                     if let Some((suffix, key)) = payload.split_once('\n') {
-                        for (zone, _) in suffixes.iter().enumerate().filter(|(_, s)| *s == suffix) {
-                            cache.forget(zone, key);
-                        }
+                        cache.forget(suffix, key);
                     }
                 }
                 tracing::debug!("rate-limit store: reset subscription lost; resubscribing");

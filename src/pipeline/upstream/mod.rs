@@ -53,6 +53,10 @@ pub struct Upstream {
     epoch: Instant,
     /// Time to the response head, for metrics.
     duration: Histogram,
+    /// The config it was built from, for a reload to tell whether it
+    /// changed (`None` with TLS: its roots cannot be compared, so a reload
+    /// always builds it anew).
+    config: Option<String>,
 }
 
 struct TargetState {
@@ -114,7 +118,13 @@ impl Upstream {
                 .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone())),
             epoch: Instant::now(),
             duration: Histogram::new(&CALL_BOUNDS),
+            config: cfg.tls.is_none().then(|| format!("{cfg:?}")),
         }
+    }
+
+    /// Whether `cfg` would build this very upstream (name and settings).
+    pub fn same_config(&self, cfg: &UpstreamConfig) -> bool {
+        cfg.tls.is_none() && self.config.as_deref() == Some(format!("{cfg:?}").as_str())
     }
 
     /// This upstream's figures, for metrics.
