@@ -33,6 +33,7 @@
 //! `config` turns the YAML file into the runtime types every stage reads;
 //! `error` holds the one error -> HTTP status table; `metrics` holds the
 //! counters the request path adds to (atomics indexed at config load);
+//! `import` translates an nginx config (`tollgate import-nginx`);
 //! `reload` says what a config reload keeps, rescales and drops (the swap
 //! itself is in `listener`, which owns the sockets);
 //! `admin` serves `/healthz`, `/readyz`, `/metrics`, the JSON API under
@@ -49,6 +50,7 @@ pub mod admin;
 pub mod alerts;
 pub mod config;
 pub mod error;
+pub mod import;
 pub mod limiter;
 pub mod listener;
 pub mod logging;

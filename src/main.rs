@@ -33,6 +33,17 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: String,
     },
+    /// Translate an nginx config into a tollgate config: the YAML goes to
+    /// --output (or stdout), every directive not translated to stderr with
+    /// its file:line. Exit 0: everything that touches limiting, real IP or
+    /// routing was translated; 2: something was not (the YAML is still
+    /// written); 1: the nginx config could not be read.
+    ImportNginx {
+        /// The nginx config (its includes are read too).
+        nginx_conf: PathBuf,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Validate a config file: print every problem and exit 1, or a summary and exit 0.
     Check {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
@@ -48,6 +59,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config, connect } => check(&config, connect),
         Command::Reload { admin } => reload(&admin),
+        Command::ImportNginx { nginx_conf, output } => import_nginx(&nginx_conf, output.as_deref()),
         Command::Run { config } => match run(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -89,6 +101,47 @@ fn check(path: &Path, connect: bool) -> ExitCode {
         }
         Err(code) => code,
     }
+}
+
+fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
+    use tollgate::import::Severity;
+    let imported = match tollgate::import::import(conf) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("tollgate: cannot read {}: {e}", conf.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    for n in &imported.notes {
+        let what = match n.severity {
+            Severity::Skipped => "not translated",
+            Severity::Lost => "NOT EQUIVALENT",
+        };
+        eprintln!("{}: {what}: {}", n.at, n.message);
+    }
+    let written = match output {
+        Some(path) => std::fs::write(path, &imported.yaml)
+            .with_context(|| format!("cannot write {}", path.display())),
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(imported.yaml.as_bytes())
+                .context("cannot write the YAML")
+        }
+    };
+    if let Err(e) = written {
+        eprintln!("tollgate: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = Config::from_yaml(&imported.yaml, &|name| std::env::var(name).ok()) {
+        eprintln!("tollgate: the written config does not pass `tollgate check` here: {e}");
+        return ExitCode::FAILURE;
+    }
+    if imported.lost() {
+        eprintln!("tollgate: some of the nginx config was not translated (NOT EQUIVALENT above); review the YAML");
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
 }
 
 /// A one-thread runtime for the short commands.

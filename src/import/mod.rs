@@ -1,0 +1,17 @@
+//! `tollgate import-nginx`: an nginx config (`limit_req_zone` tier, real
+//! IP, locations, upstreams, TLS servers) as a tollgate config, with every
+//! directive it does not translate named by file and line.
+//!
+//! - `reader`: nginx's syntax and `include`s, each directive with its place.
+//! - `translate`: directives -> YAML, and the notes.
+
+pub mod reader;
+pub mod translate;
+
+pub use reader::{read, Directive, Place, ReadError};
+pub use translate::{translate, Import, Note, Severity};
+
+/// Reads and translates the nginx config at `path`.
+pub fn import(path: &std::path::Path) -> Result<Import, ReadError> {
+    Ok(translate(&read(path)?))
+}
