@@ -2,10 +2,11 @@
 //! limits, real nginx runs on it (ports and upstreams rewritten to this
 //! test's, trusted ranges to loopback addresses) and tollgate on its
 //! import, and the same timed trace is replayed into both from the same
-//! client addresses: bursts of concurrent requests, steady streams below
-//! and above a zone's rate, clients behind a trusted proxy
-//! (X-Forwarded-For) and one that spoofs the header. Every step must get
-//! the same verdicts: the status, and whether the response was held back.
+//! client addresses: bursts of concurrent requests (slow ones for
+//! `limit_conn`), buckets drained part way, steady streams, clients behind
+//! a trusted proxy (X-Forwarded-For) and one that spoofs the header, an
+//! allow list, HTTPS with SNI. Every step must get the same verdicts: the
+//! status, and whether the response was held back.
 //!
 //! Timing tolerances: a response that takes 100 ms or more counts as
 //! delayed (the shortest delay in the traces is 200 ms; an undelayed
@@ -99,13 +100,21 @@ fn rewrite(text: &str, port: u16, echo: SocketAddr) -> String {
 
 /// The case rewritten into a temp dir, nginx started on it, and the
 /// imported YAML (its listener moved to `tollgate_port`).
-async fn start(case: &str, echo: SocketAddr) -> (Nginx, SocketAddr, String) {
+async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, SocketAddr, String) {
     let nginx_port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/nginx")
         .join(case);
     copy_rewritten(&src, dir.path(), nginx_port, echo);
+    if let Some(ca) = ca {
+        std::fs::create_dir_all(dir.path().join("certs")).unwrap();
+        for (file, name) in [("api", "api.example.com"), ("www", "www.example.com")] {
+            let (cert, key) = ca.leaf(file, &[name]);
+            std::fs::copy(cert, dir.path().join(format!("certs/{file}.pem"))).unwrap();
+            std::fs::copy(key, dir.path().join(format!("certs/{file}.key"))).unwrap();
+        }
+    }
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let import = Command::new(BIN)
         .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
@@ -124,6 +133,7 @@ async fn start(case: &str, echo: SocketAddr) -> (Nginx, SocketAddr, String) {
             &format!("127.0.0.1:{nginx_port}"),
             &format!("127.0.0.1:{tollgate_port}"),
         )
+        .replace("\"certs/", &format!("\"{}/certs/", dir.path().display()))
         + "admin: { enabled: false }\nlog: { access_log: false }\n";
     let prefix = format!("{}/", dir.path().display());
     let globals = format!("daemon off; pid {prefix}nginx.pid; error_log {prefix}error.log;");
@@ -184,18 +194,39 @@ struct Verdict {
     delayed: bool,
 }
 
-async fn send(addr: SocketAddr, r: &Req) -> Verdict {
+/// TLS client settings, for an HTTPS case.
+type Tls = Option<std::sync::Arc<rustls::ClientConfig>>;
+
+async fn send(addr: SocketAddr, r: &Req, tls: &Tls) -> Verdict {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket
         .bind(format!("{}:0", r.from).parse().unwrap())
         .unwrap();
     let started = Instant::now();
     let tcp = socket.connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = match tls {
+        None => {
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            sender
+        }
+        Some(config) => {
+            let name = rustls_pki_types::ServerName::try_from(r.host.to_owned()).unwrap();
+            let stream = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, tcp)
+                .await
+                .expect("TLS handshake");
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            sender
+        }
+    };
     let mut req = http::Request::get(r.path).header("host", r.host);
     for (k, v) in &r.headers {
         req = req.header(*k, v.as_str());
@@ -231,7 +262,7 @@ fn req(from: &'static str, path: &'static str, host: &'static str) -> Req {
 }
 
 /// Replays `trace` into both proxies at once and compares every step.
-async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<Step>) {
+async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<Step>, tls: &Tls) {
     let t0 = Instant::now();
     let mut compared = 0;
     for (i, step) in trace.into_iter().enumerate() {
@@ -246,7 +277,7 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
                     async move {
                         let all = (0..n).map(|_| {
                             let req = req.clone();
-                            async move { send(addr, &req).await }
+                            async move { send(addr, &req, tls).await }
                         });
                         let mut v = futures_util::future::join_all(all).await;
                         v.sort();
@@ -268,7 +299,7 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
                         (start + Duration::from_millis(every * k as u64)).into(),
                     )
                     .await;
-                    let (a, b) = tokio::join!(send(nginx, &req), send(tollgate, &req));
+                    let (a, b) = tokio::join!(send(nginx, &req, tls), send(tollgate, &req, tls));
                     assert_eq!(a, b, "{case}: step {i}, request {k} (every {every} ms on {} from {}): nginx | tollgate", req.path, req.from);
                     compared += 1;
                 }
@@ -280,9 +311,9 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
 
 async fn differential(case: &str, trace: Vec<Step>) {
     let echo = Upstream::spawn().await;
-    let (_nginx, nginx_addr, yaml) = start(case, echo.addr).await;
+    let (_nginx, nginx_addr, yaml) = start(case, echo.addr, None).await;
     let proxy = TestProxy::spawn(&yaml).await;
-    replay(case, nginx_addr, proxy.addr(), trace).await;
+    replay(case, nginx_addr, proxy.addr(), trace, &None).await;
 }
 
 /// The classic API tier: 10 r/s burst 20 nodelay per IP on `/`, 5 r/m
@@ -477,6 +508,107 @@ async fn included_sites_decide_like_nginx() {
                 req: req("127.0.0.53", "/", "shop.example.com"),
             },
         ],
+    )
+    .await;
+}
+
+/// Upstream blocks (rewritten to the echo server), a 50 r/s burst 20
+/// zone on `/api/`, `/status` open to 127.0.0.1 only (403 for others), and
+/// `/version`, whose `return` nginx answers before allow / deny.
+#[tokio::test]
+async fn upstream_blocks_and_an_allow_list_decide_like_nginx() {
+    differential(
+        "upstreams",
+        vec![
+            Step::Burst {
+                at: 0,
+                n: 26,
+                req: req("127.0.0.60", "/api/v1/items", "api.test"),
+            },
+            Step::Burst {
+                at: 0,
+                n: 5,
+                req: req("127.0.0.61", "/assets/app.js", "api.test"),
+            },
+            Step::Burst {
+                at: 100,
+                n: 3,
+                req: req("127.0.0.1", "/status", "api.test"),
+            },
+            Step::Burst {
+                at: 100,
+                n: 3,
+                req: req("127.0.0.62", "/status", "api.test"),
+            },
+            Step::Burst {
+                at: 100,
+                n: 3,
+                req: req("127.0.0.62", "/version", "api.test"),
+            },
+        ],
+    )
+    .await;
+}
+
+/// `limit_conn addr 10` (429): twelve slow requests at once from one
+/// address, ten are served; another address is not affected; downloads
+/// inherit the connection limit.
+#[tokio::test]
+async fn concurrent_requests_decide_like_nginx() {
+    differential(
+        "limit-conn",
+        vec![
+            Step::Burst {
+                at: 0,
+                n: 12,
+                req: req("127.0.0.70", "/slow?ms=600", "files.test"),
+            },
+            Step::Burst {
+                at: 0,
+                n: 8,
+                req: req("127.0.0.71", "/slow?ms=600", "files.test"),
+            },
+            Step::Burst {
+                at: 1000,
+                n: 1,
+                req: req("127.0.0.70", "/downloads/a.iso", "files.test"),
+            },
+        ],
+    )
+    .await;
+}
+
+/// HTTPS with SNI: the default server (api.example.com, 10 r/s burst 20)
+/// and www.example.com without a limit, on one address.
+#[tokio::test]
+async fn https_sites_decide_like_nginx() {
+    let ca = TestCa::new();
+    let echo = Upstream::spawn().await;
+    let (_nginx, nginx_addr, yaml) = start("tls", echo.addr, Some(&ca)).await;
+    let proxy = TestProxy::spawn(&yaml).await;
+    let tls = Some(ca.client_config(&[b"http/1.1"]));
+    replay(
+        "tls",
+        nginx_addr,
+        proxy.addr(),
+        vec![
+            Step::Burst {
+                at: 0,
+                n: 25,
+                req: req("127.0.0.80", "/", "api.example.com"),
+            },
+            Step::Burst {
+                at: 0,
+                n: 25,
+                req: req("127.0.0.81", "/", "www.example.com"),
+            },
+            Step::Burst {
+                at: 650,
+                n: 8,
+                req: req("127.0.0.80", "/", "api.example.com"),
+            },
+        ],
+        &tls,
     )
     .await;
 }

@@ -1074,7 +1074,17 @@ fn add_route(
         }
         zones.push(format!("{zone}_conn"));
     }
-    let webhook = allow_deny(inh, !zones.is_empty(), out);
+    // nginx runs `return` in its rewrite phase, before allow / deny: they
+    // never apply to a location that returns.
+    let webhook = if action.starts_with("respond:") {
+        if let Some((_, _, place)) = inh.allow.first() {
+            let message = "allow / deny have no effect where nginx answers with return (its rewrite phase runs before access checks); not translated";
+            out.note(place, Severity::Skipped, message);
+        }
+        None
+    } else {
+        allow_deny(inh, !zones.is_empty(), out)
+    };
     let base = if exact {
         path.to_owned()
     } else {
