@@ -1,68 +1,70 @@
 #!/usr/bin/env bash
-# Whole-proxy load test: tollgate against nginx on the same machine, in the
-# same run, in front of the same upstream (an nginx `return 200`).
+# Whole-proxy cost: tollgate against nginx `limit_req` on the same core, in
+# one interleaved run, in front of the same upstream (an nginx `return 200`).
 #
-#   bash benches/load.sh            # 10 s per run, 64 connections
-#   DURATION=30s CONNS=128 bash benches/load.sh
+#   bash benches/load.sh                  # 3 repetitions, 5 s per run
+#   REPS=5 DURATION=10s bash benches/load.sh
 #   BASELINE=/tmp/tollgate-before bash benches/load.sh
-#       also runs that binary (an earlier build) on the same limits config,
-#       interleaved with this build, and prints this build / baseline
+#       also runs that binary (an earlier build) on the same configs,
+#       interleaved, and prints this build / baseline
 #   DASHBOARD=1 bash benches/load.sh
-#       also runs the limits config with and without a dashboard open (a
-#       poller fetching /api/overview every 2 s, as the page does),
-#       interleaved, and prints the CPU per request and throughput ratios
+#       also runs tollgate with a dashboard open (a poller fetching
+#       /api/overview every 2 s, as the page does), interleaved
 #
-# Each tollgate run also reports the CPU time the proxy process spent per
-# request (user + system, from /proc/<pid>/stat).
+# The proxy under test runs alone on core 0 (`taskset`); the upstream,
+# Redis and wrk share core 1. Each proxy is measured on
+#   allow:  a limit that never rejects (nginx: one limit_req zone;
+#           tollgate: one zone), and
+#   reject: a limit that rejects every request (429),
+# at 64 and 256 keep-alive connections; tollgate also with two tiers (a
+# zone and two route limits) and with the zone on Redis. Every run prints
+# requests/s, p50/p99 latency and the proxy's CPU time per request (user +
+# system, from /proc/<pid>/stat of every process of the proxy); the summary
+# gives medians over the repetitions and the tollgate / nginx ratios.
 #
-# Needs nginx and wrk (installed from Debian's packages when missing).
-# Everything listens on 127.0.0.1 only and every run is bounded by DURATION.
+# Needs nginx, wrk and redis-server (installed from Debian's packages when
+# missing) and two cores. Everything listens on 127.0.0.1 only and every
+# run is bounded by DURATION.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-10s}
-CONNS=${CONNS:-64}
-THREADS=${THREADS:-1}
-UP_PORT=${UP_PORT:-18081}
-NGINX_PORT=${NGINX_PORT:-18082}
-TG_PORT=${TG_PORT:-18083}
-ADMIN_PORT=${ADMIN_PORT:-18084}
-NGINX_LIM_PORT=${NGINX_LIM_PORT:-18085}
-TG_LIM_PORT=${TG_LIM_PORT:-18086}
-ADMIN_LIM_PORT=${ADMIN_LIM_PORT:-18087}
-REDIS_PORT=${REDIS_PORT:-18088}
-TG_REDIS_PORT=${TG_REDIS_PORT:-18089}
-ADMIN_REDIS_PORT=${ADMIN_REDIS_PORT:-18090}
-BASE_PORT=${BASE_PORT:-18091}
-ADMIN_BASE_PORT=${ADMIN_BASE_PORT:-18092}
+DURATION=${DURATION:-5s}
+REPS=${REPS:-3}
 BASELINE=${BASELINE:-}
 DASHBOARD=${DASHBOARD:-}
+BASE_PORT=${BASE_PORT:-18100}
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v taskset >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+if [ "$(nproc)" -lt 2 ]; then
+    echo "load.sh: needs two cores (the proxy on one, the load on the other)" >&2
+    exit 1
+fi
 
 cargo build --release --quiet
 work=$(mktemp -d)
+pids=()
 cleanup() {
-    [ -f "$work/up.pid" ] && kill "$(cat "$work/up.pid")" 2>/dev/null || true
-    [ -f "$work/proxy.pid" ] && kill "$(cat "$work/proxy.pid")" 2>/dev/null || true
-    [ -n "${TG_PID:-}" ] && kill "$TG_PID" 2>/dev/null || true
-    [ -n "${TG_LIM_PID:-}" ] && kill "$TG_LIM_PID" 2>/dev/null || true
-    [ -n "${TG_REDIS_PID:-}" ] && kill "$TG_REDIS_PID" 2>/dev/null || true
-    [ -n "${TG_BASE_PID:-}" ] && kill "$TG_BASE_PID" 2>/dev/null || true
-    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for f in "$work"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
+    redis-cli -p "$((BASE_PORT + 99))" shutdown nosave >/dev/null 2>&1 || true
     sleep 0.3
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-cores=$(nproc)
+UP=$BASE_PORT
+REDIS=$((BASE_PORT + 99))
+on_core1() { taskset -c 1 "$@"; }
+on_core0() { taskset -c 0 "$@"; }
+
 cat > "$work/up.conf" <<CONF
 worker_processes 1;
 pid $work/up.pid;
@@ -70,142 +72,172 @@ error_log $work/up.err;
 events { worker_connections 4096; }
 http {
     access_log off;
-    server { listen 127.0.0.1:$UP_PORT; keepalive_requests 100000;
+    server { listen 127.0.0.1:$UP; keepalive_requests 1000000;
              location / { return 200 "ok\n"; } }
 }
 CONF
-cat > "$work/proxy.conf" <<CONF
-worker_processes $cores;
-pid $work/proxy.pid;
-error_log $work/proxy.err;
+# nginx, one worker: allow (a rate no run reaches) and reject (1 r/m, no
+# burst: every request past the first of a minute gets 429).
+cat > "$work/nginx.conf" <<CONF
+worker_processes 1;
+pid $work/nginx.pid;
+error_log $work/nginx.err;
 events { worker_connections 4096; }
 http {
     access_log off;
-    upstream api { server 127.0.0.1:$UP_PORT; keepalive 64; }
-    server { listen 127.0.0.1:$NGINX_PORT; keepalive_requests 100000;
-             location / { proxy_pass http://api; proxy_http_version 1.1;
-                          proxy_set_header Connection "";
-                          proxy_set_header X-Forwarded-For \$remote_addr; } }
-    # The same with a per-IP limit_req tier whose rate no run reaches, so
-    # both proxies do the limiting work on every request and reject none.
-    limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=100000000r/s;
-    server { listen 127.0.0.1:$NGINX_LIM_PORT; keepalive_requests 100000;
-             location / { limit_req zone=per_ip burst=1000 nodelay;
+    upstream api { server 127.0.0.1:$UP; keepalive 256; }
+    limit_req_zone \$binary_remote_addr zone=allow:10m rate=100000000r/s;
+    limit_req_zone \$binary_remote_addr zone=reject:10m rate=1r/m;
+    limit_req_status 429;
+    server { listen 127.0.0.1:$((BASE_PORT + 1)); keepalive_requests 1000000;
+             location / { limit_req zone=allow burst=1000 nodelay;
                           proxy_pass http://api; proxy_http_version 1.1;
                           proxy_set_header Connection "";
                           proxy_set_header X-Forwarded-For \$remote_addr; } }
+    server { listen 127.0.0.1:$((BASE_PORT + 2)); keepalive_requests 1000000;
+             location / { limit_req zone=reject nodelay;
+                          proxy_pass http://api; } }
 }
 CONF
-cat > "$work/tollgate.yaml" <<CONF
-listeners: [{ bind: "127.0.0.1:$TG_PORT" }]
-admin: { bind: "127.0.0.1:$ADMIN_PORT" }
-log: { level: warn, access_log: false }
-upstreams: { api: { targets: ["127.0.0.1:$UP_PORT"] } }
-routes: [{ match: { path_prefix: / }, upstream: api }]
-CONF
+# tollgate on one core (its runtime's workers share it).
+tollgate_config() { # file port admin-port zone-rate limits(yes/no) store
+    {
+        echo "listeners: [{ bind: \"127.0.0.1:$2\" }]"
+        echo "admin: { bind: \"127.0.0.1:$3\" }"
+        echo "log: { level: warn, access_log: false }"
+        echo "zones: [{ name: per_ip, rate: $4, burst: 1000, nodelay: true, status: 429 }]"
+        echo "upstreams: { api: { targets: [\"127.0.0.1:$UP\"], max_idle_per_target: 256 } }"
+        echo "routes:"
+        echo "  - match: { path_prefix: / }"
+        echo "    upstream: api"
+        if [ "$5" = yes ]; then
+            echo "    limits:"
+            echo "      - { name: short, algorithm: token_bucket, rate: 1000000/s, burst: 1000000, key: ip }"
+            echo "      - { name: long, algorithm: sliding_window, limit: 1000000000, window: 1h, key: ip }"
+        fi
+        [ -n "$6" ] && echo "store: { kind: redis, url: 'redis://127.0.0.1:$REDIS', timeout: 50ms, on_error: fail_closed }"
+        true
+    } > "$1"
+}
+tollgate_config "$work/allow.yaml"  $((BASE_PORT + 11)) $((BASE_PORT + 51)) 100000000r/s no ""
+tollgate_config "$work/reject.yaml" $((BASE_PORT + 12)) $((BASE_PORT + 52)) 1r/m no ""
+tollgate_config "$work/tiers.yaml"  $((BASE_PORT + 13)) $((BASE_PORT + 53)) 100000000r/s yes ""
+tollgate_config "$work/redis.yaml"  $((BASE_PORT + 14)) $((BASE_PORT + 54)) 100000000r/s no redis
+sed "s/$((BASE_PORT + 11))/$((BASE_PORT + 21))/; s/$((BASE_PORT + 51))/$((BASE_PORT + 61))/" "$work/allow.yaml" > "$work/base-allow.yaml"
+sed "s/$((BASE_PORT + 12))/$((BASE_PORT + 22))/; s/$((BASE_PORT + 52))/$((BASE_PORT + 62))/" "$work/reject.yaml" > "$work/base-reject.yaml"
 
-cat > "$work/tollgate-limits.yaml" <<CONF
-listeners: [{ bind: "127.0.0.1:$TG_LIM_PORT" }]
-admin: { bind: "127.0.0.1:$ADMIN_LIM_PORT" }
-log: { level: warn, access_log: false }
-zones: [{ name: per_ip, rate: 100000000r/s, burst: 1000, nodelay: true }]
-upstreams: { api: { targets: ["127.0.0.1:$UP_PORT"] } }
-routes:
-  - match: { path_prefix: / }
-    upstream: api
-    limits:
-      - { name: short, algorithm: token_bucket, rate: 1000000/s, burst: 1000000, key: ip }
-      - { name: long, algorithm: sliding_window, limit: 1000000000, window: 1h, key: ip }
-CONF
-# The same limits shared through Redis: one EVALSHA per request decides
-# the zone and both route limits.
-sed -e "s/$TG_LIM_PORT/$TG_REDIS_PORT/; s/$ADMIN_LIM_PORT/$ADMIN_REDIS_PORT/" \
-    "$work/tollgate-limits.yaml" > "$work/tollgate-redis.yaml"
-echo "store: { kind: redis, url: 'redis://127.0.0.1:$REDIS_PORT', timeout: 50ms, on_error: fail_closed }" >> "$work/tollgate-redis.yaml"
-
-"$NGINX" -c "$work/up.conf"
-"$NGINX" -c "$work/proxy.conf"
-target/release/tollgate run --config "$work/tollgate.yaml" >"$work/tollgate.log" 2>&1 &
-TG_PID=$!
-target/release/tollgate run --config "$work/tollgate-limits.yaml" >"$work/tollgate-limits.log" 2>&1 &
-TG_LIM_PID=$!
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+on_core1 "$NGINX" -c "$work/up.conf"
+on_core0 "$NGINX" -c "$work/nginx.conf"
+on_core1 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
+start_tollgate() { # binary config -> pid (taskset execs the binary)
+    taskset -c 0 "$1" run --config "$2" >"$2.log" 2>&1 &
+    echo $!
+}
+TG_ALLOW=$(start_tollgate target/release/tollgate "$work/allow.yaml"); pids+=("$TG_ALLOW")
+TG_REJECT=$(start_tollgate target/release/tollgate "$work/reject.yaml"); pids+=("$TG_REJECT")
+TG_TIERS=$(start_tollgate target/release/tollgate "$work/tiers.yaml"); pids+=("$TG_TIERS")
 sleep 0.3
-target/release/tollgate run --config "$work/tollgate-redis.yaml" >"$work/tollgate-redis.log" 2>&1 &
-TG_REDIS_PID=$!
+TG_REDIS=$(start_tollgate target/release/tollgate "$work/redis.yaml"); pids+=("$TG_REDIS")
 if [ -n "$BASELINE" ]; then
-    sed -e "s/$TG_LIM_PORT/$BASE_PORT/; s/$ADMIN_LIM_PORT/$ADMIN_BASE_PORT/" \
-        "$work/tollgate-limits.yaml" > "$work/tollgate-base.yaml"
-    "$BASELINE" run --config "$work/tollgate-base.yaml" >"$work/tollgate-base.log" 2>&1 &
-    TG_BASE_PID=$!
+    B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
+    B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
 fi
 sleep 1
-[ -z "$BASELINE" ] || curl -fsS "http://127.0.0.1:$BASE_PORT/" >/dev/null || { cat "$work/tollgate-base.log" >&2; exit 1; }
-curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null
-curl -fsS "http://127.0.0.1:$TG_PORT/" >/dev/null
-curl -fsS "http://127.0.0.1:$NGINX_LIM_PORT/" >/dev/null
-curl -fsS "http://127.0.0.1:$TG_LIM_PORT/" >/dev/null || { cat "$work/tollgate-limits.log" >&2; exit 1; }
-curl -fsS "http://127.0.0.1:$TG_REDIS_PORT/" >/dev/null || { cat "$work/tollgate-redis.log" >&2; exit 1; }
+for port in $((BASE_PORT + 1)) $((BASE_PORT + 11)) $((BASE_PORT + 13)) $((BASE_PORT + 14)); do
+    curl -fsS "http://127.0.0.1:$port/" >/dev/null || { echo "load.sh: nothing answers on $port" >&2; cat "$work"/*.log >&2; exit 1; }
+done
+NGINX_PIDS="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-run() { # name port [pid: report its CPU time per request]
-    wrk -t"$THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$2/" >/dev/null # warm-up
-    local out rps p99 before=0 cpu=""
-    [ -n "${3:-}" ] && before=$(cpu_ticks "$3")
-    out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$2/")
-    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-    p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-    if [ -n "${3:-}" ]; then
-        local ticks requests
-        ticks=$(( $(cpu_ticks "$3") - before ))
-        requests=$(awk '/requests in/ {print $1}' <<<"$out")
-        cpu=$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$requests" \
-            'BEGIN { printf "cpu %5.1f us/req", t * 1e6 / hz / n }')
-        awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$requests" \
-            'BEGIN { printf "%.3f\n", t * 1e6 / hz / n }' > "$work/cpu.last"
-    fi
-    local errors
-    errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out")
-    printf '%-16s %12s req/s   p99 %8s   %s %s\n' "$1" "$rps" "$p99" "$cpu" "$errors" >&2
-    echo "$rps"
+ticks() { # pids... -> user+system ticks of them all
+    local t=0 p
+    for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+    echo "$t"
 }
+hz=$(getconf CLK_TCK)
+results="$work/results"
+: > "$results"
+run() { # name conns port pids...
+    local name=$1 conns=$2 port=$3
+    shift 3
+    on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null # warm-up
+    local before out
+    before=$(ticks "$@")
+    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$port/")
+    local used=$(( $(ticks "$@") - before ))
+    local rps p50 p99 n cpu
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+    n=$(awk '/requests in/ {print $1}' <<<"$out")
+    cpu=$(awk -v t="$used" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }')
+    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req\n' "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" >&2
+    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu" >> "$results"
+}
+to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
+    awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
+        if (u == "us") x /= 1000; else if (u == "s") x *= 1000; printf "%.3f", x }'
+}
+poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
 
-echo "wrk -t$THREADS -c$CONNS -d$DURATION on $cores cores (upstream: nginx return 200)" >&2
-nginx_rps=$(run nginx "$NGINX_PORT")
-tg_rps=$(run tollgate "$TG_PORT" "$TG_PID")
-nginx_lim_rps=$(run nginx+lim "$NGINX_LIM_PORT")
-tg_lim_rps=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
-redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}'; }
-tg_redis_rps=$(run tollgate+redis "$TG_REDIS_PORT" "$TG_REDIS_PID")
-# Commands per request: a short run with Redis's counters reset first.
-redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-requests=$(wrk -t"$THREADS" -c"$CONNS" -d3s "http://127.0.0.1:$TG_REDIS_PORT/" | awk '/requests in/ {print $1}')
-calls=$(redis_calls)
-awk -v t="$tg_rps" -v n="$nginx_rps" 'BEGIN { printf "proxy only:        tollgate / nginx throughput ratio: %.2f\n", t / n }'
-awk -v t="$tg_lim_rps" -v n="$nginx_lim_rps" 'BEGIN { printf "with rate limits:  tollgate / nginx throughput ratio: %.2f (nginx: one limit_req zone; tollgate: a zone + two route limits)\n", t / n }'
-awk -v r="$tg_redis_rps" -v m="$tg_lim_rps" 'BEGIN { printf "shared through Redis: redis / memory store throughput ratio: %.2f (same limits; Redis on the same cores)\n", r / m }'
-awk -v c="$calls" -v q="$requests" 'BEGIN { printf "Redis round trips per request: %.3f (%d EVALSHA for %d requests)\n", c / q, c, q }'
+echo "proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
+for rep in $(seq "$REPS"); do
+    for c in 64 256; do
+        run nginx-allow "$c" $((BASE_PORT + 1)) $NGINX_PIDS
+        run tollgate-allow "$c" $((BASE_PORT + 11)) "$TG_ALLOW"
+        run nginx-reject "$c" $((BASE_PORT + 2)) $NGINX_PIDS
+        run tollgate-reject "$c" $((BASE_PORT + 12)) "$TG_REJECT"
+        run tollgate-two-tiers "$c" $((BASE_PORT + 13)) "$TG_TIERS"
+        run tollgate-redis "$c" $((BASE_PORT + 14)) "$TG_REDIS"
+        if [ -n "$BASELINE" ]; then
+            run baseline-allow "$c" $((BASE_PORT + 21)) "$B_ALLOW"
+            run baseline-reject "$c" $((BASE_PORT + 22)) "$B_REJECT"
+        fi
+        if [ -n "$DASHBOARD" ]; then
+            poll_dashboard & POLL=$!
+            run tollgate-allow-dash "$c" $((BASE_PORT + 11)) "$TG_ALLOW"
+            kill "$POLL"
+        fi
+    done
+done
+
+# Medians over the repetitions, then the ratios.
+median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu)
+    awk -v n="$1" -v c="c$2" -v f="$3" '$1 == n && $2 == c { print $f }' "$results" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "-"; else printf "%.2f", a / b }'; }
+echo
+printf '%-20s %5s %10s %9s %9s %12s\n' "median of $REPS" conns "req/s" "p50 ms" "p99 ms" "cpu us/req"
+names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
+[ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
+[ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
+for n in $names; do
+    for c in 64 256; do
+        printf '%-20s %5s %10s %9s %9s %12s\n' "$n" "$c" "$(median "$n" "$c" 3)" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" "$(median "$n" "$c" 6)"
+    done
+done
+echo
+printf '%-48s %6s %6s\n' "ratio (tollgate / reference)" c64 c256
+compare() { # label a b field
+    printf '%-48s %6s %6s\n' "$1" "$(ratio "$(median "$2" 64 "$4")" "$(median "$3" 64 "$4")")" "$(ratio "$(median "$2" 256 "$4")" "$(median "$3" 256 "$4")")"
+}
+compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 6
+compare "allow: p99 vs nginx" tollgate-allow nginx-allow 5
+compare "allow: throughput vs nginx" tollgate-allow nginx-allow 3
+compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 6
+compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 6
+compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 3
 if [ -n "$BASELINE" ]; then
-    # Interleaved: baseline, this build, baseline, this build.
-    b1=$(run baseline+lim "$BASE_PORT" "$TG_BASE_PID")
-    t1=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
-    b2=$(run baseline+lim "$BASE_PORT" "$TG_BASE_PID")
-    t2=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID")
-    awk -v a="$t1" -v b="$t2" -v c="$b1" -v d="$b2" 'BEGIN { printf "this build / baseline throughput ratio (same limits config): %.2f\n", (a + b) / (c + d) }'
+    compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 6
+    compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 6
+    compare "allow: throughput vs baseline" tollgate-allow baseline-allow 3
 fi
 if [ -n "$DASHBOARD" ]; then
-    # The dashboard polls /api/overview every 2 s; 10 s of a poller beside
-    # each run, interleaved: closed, open, closed, open.
-    poll() { while :; do curl -s -o /dev/null "http://127.0.0.1:$ADMIN_LIM_PORT/api/overview"; sleep 2; done; }
-    c1=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID"); cc1=$(cat "$work/cpu.last")
-    poll & POLL=$!
-    o1=$(run tollgate+lim+dash "$TG_LIM_PORT" "$TG_LIM_PID"); oc1=$(cat "$work/cpu.last")
-    kill "$POLL"
-    c2=$(run tollgate+lim "$TG_LIM_PORT" "$TG_LIM_PID"); cc2=$(cat "$work/cpu.last")
-    poll & POLL=$!
-    o2=$(run tollgate+lim+dash "$TG_LIM_PORT" "$TG_LIM_PID"); oc2=$(cat "$work/cpu.last")
-    kill "$POLL"
-    awk -v a="$o1" -v b="$o2" -v c="$c1" -v d="$c2" -v ca="$oc1" -v cb="$oc2" -v cc="$cc1" -v cd="$cc2" \
-        'BEGIN { printf "dashboard open / closed: throughput ratio %.3f, CPU per request ratio %.3f\n", (a + b) / (c + d), (ca + cb) / (cc + cd) }'
+    compare "dashboard open: CPU per request vs closed" tollgate-allow-dash tollgate-allow 6
+    compare "dashboard open: throughput vs closed" tollgate-allow-dash tollgate-allow 3
 fi
+redis-cli -p "$REDIS" config resetstat >/dev/null
+requests=$(on_core1 wrk -t1 -c64 -d2s "http://127.0.0.1:$((BASE_PORT + 14))/" | awk '/requests in/ {print $1}')
+calls=$(redis-cli -p "$REDIS" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}')
+awk -v c="$calls" -v q="$requests" 'BEGIN { printf "Redis round trips per request: %.3f (%d EVALSHA for %d requests)\n", c / q, c, q }'
