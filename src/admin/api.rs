@@ -50,16 +50,27 @@ fn outcomes(d: &[u64; 4]) -> Value {
     json!({ "allowed": d[0], "delayed": d[1], "rejected": d[2], "dry_run_rejected": d[3] })
 }
 
+/// Every zone and route limit with its labels, in metrics order.
+fn labelled(p: &Pipeline) -> impl Iterator<Item = (&LimitLabel, LimitView<'_>)> {
+    p.metrics().limits().iter().zip(p.limit_views())
+}
+
+/// A limit's labels, policy, key kind and dry run, as JSON.
+fn limit_json(label: &LimitLabel, v: &LimitView<'_>) -> Value {
+    let mut o = label_json(label);
+    o["spec"] = json!(v.spec);
+    o["key"] = json!(key_kind(v.key));
+    o["dry_run"] = json!(v.dry_run);
+    o
+}
+
 /// The limits named `name` (on `route` when given).
 fn named<'p>(
     p: &'p Pipeline,
     name: &str,
     route: Option<&str>,
 ) -> Vec<(&'p LimitLabel, LimitView<'p>)> {
-    p.metrics()
-        .limits()
-        .iter()
-        .zip(p.limit_views())
+    labelled(p)
         .filter(|(l, _)| &*l.name == name && route.is_none_or(|r| &*l.route == r))
         .collect()
 }
@@ -78,22 +89,15 @@ pub fn limits(p: &Pipeline) -> Reply {
         .history()
         .since(&p.sample(), Duration::from_secs(60));
     let memory = p.engine().redis().is_none();
-    let limits: Vec<Value> = p
-        .metrics()
-        .limits()
-        .iter()
-        .zip(p.limit_views())
+    let limits: Vec<Value> = labelled(p)
         .enumerate()
         .map(|(i, (label, v))| {
             let (quota, window_ms) = v.limit.algorithm.policy();
             let stats = p.engine().memory().stats(v.limit.zone);
-            let mut o = label_json(label);
-            o["spec"] = json!(v.spec);
+            let mut o = limit_json(label, &v);
             o["algorithm"] = json!(v.limit.algorithm.name());
             o["quota"] = json!(quota);
             o["window_seconds"] = json!(window_ms as f64 / 1000.0);
-            o["key"] = json!(key_kind(v.key));
-            o["dry_run"] = json!(v.dry_run);
             o["on_error"] = json!(v.limit.on_error.to_string());
             // With Redis the keys live there (this process only holds the
             // `local` fallback's): not counted.
@@ -343,18 +347,11 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
     let now = p.sample();
     let steps = p.metrics().history().steps(&now);
     let minute = p.metrics().history().since(&now, Duration::from_secs(60));
-    let limits: Vec<Value> = p
-        .metrics()
-        .limits()
-        .iter()
-        .zip(p.limit_views())
+    let limits: Vec<Value> = labelled(p)
         .enumerate()
         .map(|(i, (label, v))| {
             let d = |o: usize| move |s: &Step| s.decisions.get(i).map_or(0, |d| d[o]);
-            let mut o = label_json(label);
-            o["spec"] = json!(v.spec);
-            o["key"] = json!(key_kind(v.key));
-            o["dry_run"] = json!(v.dry_run);
+            let mut o = limit_json(label, &v);
             o["series"] = json!({
                 "allowed": rates(&steps, d(0)),
                 "delayed": rates(&steps, d(1)),
