@@ -133,7 +133,6 @@ const ROUTING: &[&str] = &[
     "alias",
     "index",
     "autoindex",
-    "return_if",
     "internal",
     "proxy_cache",
     "split_clients",
@@ -177,6 +176,35 @@ struct Inherited {
     connect_timeout: Option<String>,
     read_timeout: Option<String>,
     allow: Vec<(String, String, Place)>,
+}
+
+impl Inherited {
+    /// What a level inside this one starts from: everything but the
+    /// array-like directives (`limit_req`, `limit_conn`, `allow` / `deny`),
+    /// which nginx inherits only when the inner level has none of its own.
+    fn child(&self) -> Inherited {
+        Inherited {
+            limit_req: None,
+            limit_conn: None,
+            allow: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The inner level `own` as it applies: its array-like directives, or
+    /// when it has none, this level's.
+    fn under(&self, own: Inherited) -> Inherited {
+        Inherited {
+            limit_req: own.limit_req.clone().or(self.limit_req.clone()),
+            limit_conn: own.limit_conn.clone().or(self.limit_conn.clone()),
+            allow: if own.allow.is_empty() {
+                self.allow.clone()
+            } else {
+                own.allow.clone()
+            },
+            ..own
+        }
+    }
 }
 
 struct Listener {
@@ -558,12 +586,7 @@ fn server(d: &Directive, block: &[Directive], out: &mut Out, inh: Inherited) {
     let mut key: Option<String> = None;
     let mut returns: Option<&Directive> = None;
     let mut marked_default = false;
-    let mut own = Inherited {
-        limit_req: None,
-        limit_conn: None,
-        allow: Vec::new(),
-        ..inh.clone()
-    };
+    let mut own = inh.child();
     for s in block {
         if out.inheritable(s, &mut own) {
             continue;
@@ -587,18 +610,7 @@ fn server(d: &Directive, block: &[Directive], out: &mut Out, inh: Inherited) {
             _ => out.other(s, "server"),
         }
     }
-    // limit_req / limit_conn / allow at the server level replace the ones
-    // inherited from http; otherwise those stand.
-    let merged = Inherited {
-        limit_req: own.limit_req.clone().or(inh.limit_req.clone()),
-        limit_conn: own.limit_conn.clone().or(inh.limit_conn.clone()),
-        allow: if own.allow.is_empty() {
-            inh.allow.clone()
-        } else {
-            own.allow.clone()
-        },
-        ..own
-    };
+    let merged = inh.under(own);
     if binds.is_empty() {
         binds.extend(listen_default(out));
     }
@@ -833,12 +845,7 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
             return;
         }
     };
-    let mut own = Inherited {
-        limit_req: None,
-        limit_conn: None,
-        allow: Vec::new(),
-        ..parent.clone()
-    };
+    let mut own = parent.child();
     let mut action: Option<Option<String>> = None;
     let mut upstream_used: Option<String> = None;
     let mut comments = Vec::new();
@@ -858,16 +865,7 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
             _ => out.other(d, &format!("location {path}")),
         }
     }
-    let merged = Inherited {
-        limit_req: own.limit_req.clone().or(parent.limit_req.clone()),
-        limit_conn: own.limit_conn.clone().or(parent.limit_conn.clone()),
-        allow: if own.allow.is_empty() {
-            parent.allow.clone()
-        } else {
-            own.allow.clone()
-        },
-        ..own
-    };
+    let merged = parent.under(own);
     for n in &out.notes[notes_before..] {
         comments.push(format!("{}: {}", n.at, n.message));
     }
