@@ -193,7 +193,9 @@ fn run(path: &Path) -> anyhow::Result<()> {
         Err(_) => anyhow::bail!("refusing to start with an invalid config"),
     };
     tollgate::logging::init(&config.log);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The accepting runtime; connections run on it too with one worker,
+    // else on the worker threads (`listener::workers`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -441,3 +441,47 @@ async fn dry_run_never_rejects_but_reports() {
     }
     assert_eq!(up.hits(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_stay_exact_across_worker_threads() {
+    // Four event loops serve the connections; the zone and the route limit
+    // are one count however the connections are dealt out.
+    let (up, proxy) = start(
+        "server: { workers: 4 }
+zones:
+  - { name: per_ip, rate: 1r/m, burst: 59, nodelay: true }
+routes:
+  - match: { path_prefix: / }
+    upstream: api
+    limits: [{ name: hourly, algorithm: fixed_window, limit: 40, window: 1h, key: ip }]
+",
+    )
+    .await;
+    let addr = proxy.addr();
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = h1(addr).await;
+                let mut statuses = Vec::new();
+                for _ in 0..8 {
+                    statuses.push(send1(&mut c, request("GET", "/", empty())).await.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut limited = 0;
+    for c in clients {
+        for status in c.await.unwrap() {
+            match status.as_u16() {
+                200 => ok += 1,
+                429 | 503 => limited += 1,
+                other => panic!("unexpected status {other}"),
+            }
+        }
+    }
+    // 128 requests: the route limit admits 40 of the zone's 60.
+    assert_eq!((ok, limited), (40, 88));
+    assert_eq!(up.hits(), 40);
+}

@@ -185,6 +185,9 @@ pub struct ServerConfig {
     /// this long is closed (nginx `send_timeout`): a reader that stopped
     /// reading, an HTTP/2 peer that never opens its flow-control window.
     pub send_timeout: Duration,
+    /// Event loops serving connections, one thread each (nginx
+    /// `worker_processes`); `auto` is one per core tollgate may run on.
+    pub workers: usize,
 }
 
 #[derive(Debug)]

@@ -134,6 +134,7 @@ pub struct RawServer {
     pub lingering_time: Option<Text>,
     pub lingering_timeout: Option<Text>,
     pub send_timeout: Option<Text>,
+    pub workers: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -86,6 +86,7 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
         lingering_time: None,
         lingering_timeout: None,
         send_timeout: None,
+        workers: None,
     };
     let s = raw.server.as_ref().unwrap_or(&empty);
     let max_header_bytes = c.size("server.max_header_size", &s.max_header_size, 32 << 10);
@@ -145,6 +146,26 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             &s.send_timeout,
             Duration::from_secs(60),
         ),
+        workers: workers(c, &s.workers),
+    }
+}
+
+/// `server.workers`: `auto` (one per core this process may run on) or a
+/// count.
+fn workers(c: &mut Checker, value: &Option<super::raw::Text>) -> usize {
+    let auto = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    match value.as_ref().map(|t| t.0.trim()) {
+        None | Some("auto") => auto(),
+        Some(t) => match t.parse::<usize>() {
+            Ok(n @ 1..=1024) => n,
+            _ => {
+                c.report(
+                    "server.workers",
+                    format!("expected auto or a whole number from 1 to 1024, got \"{t}\""),
+                );
+                auto()
+            }
+        },
     }
 }
 

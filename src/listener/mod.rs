@@ -10,6 +10,7 @@ pub mod conn;
 pub mod linger;
 pub mod proxy_protocol;
 pub mod tls;
+pub mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ use crate::pipeline::client_ip::ClientIp;
 use crate::pipeline::{ConnInfo, Pipeline};
 use crate::reload::{self, ReloadError, ReloadHandle, ReloadReport, ReloadResult};
 use conn::ConnState;
+use workers::Workers;
 
 /// The running config's request path: every request loads it once, so a
 /// reload swaps it whole and requests already inside finish on theirs.
@@ -232,7 +234,16 @@ impl Server {
             reloads: (reload_tx, mut reload_rx),
         } = self;
         let max = server.max_connections;
+        let workers = match Workers::start(server.workers) {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the worker threads; serving on one");
+                Arc::new(Workers::single())
+            }
+        };
+        tracing::info!(workers = workers.count(), "event loops serving connections");
         let mut state = State {
+            workers,
             slots: Arc::new(Semaphore::new(max)),
             max,
             running: Vec::new(),
@@ -324,6 +335,8 @@ fn admin_auth(a: &crate::config::AdminConfig) -> admin::AdminAuth {
 
 /// What a running server changes on reload.
 struct State {
+    /// The event loops connections are served on.
+    workers: Arc<Workers>,
     /// Connection slots across listeners (`max_connections`).
     slots: Arc<Semaphore>,
     max: usize,
@@ -338,7 +351,10 @@ struct State {
 fn fixed_of(config: &Config) -> (Option<SocketAddr>, String) {
     (
         config.admin.as_ref().map(|a| a.bind),
-        format!("{:?} {}", config.log.format, config.log.level),
+        format!(
+            "{:?} {} {}",
+            config.log.format, config.log.level, config.server.workers
+        ),
     )
 }
 
@@ -383,6 +399,7 @@ impl State {
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(
             b.listener,
+            self.workers.clone(),
             ctx.clone(),
             self.slots.clone(),
             stop_rx,
@@ -456,7 +473,7 @@ impl State {
         if fixed.1 != self.fixed.1 {
             report
                 .warnings
-                .push("log.format and log.level apply at the next restart".into());
+                .push("log.format, log.level and server.workers apply at the next restart".into());
         }
         let kept = |name: &str, bind: SocketAddr| {
             self.running
@@ -570,6 +587,7 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
 
 async fn accept_loop(
     listener: TcpListener,
+    workers: Arc<Workers>,
     ctxs: Arc<ArcSwap<ListenerCtx>>,
     slots: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
@@ -602,7 +620,7 @@ async fn accept_loop(
         // have replaced it while this loop waited).
         let ctx = ctxs.load_full();
         let stop = stop.clone();
-        tokio::spawn(async move {
+        workers.spawn(tcp, move |tcp| async move {
             let _slot = permit;
             connection(tcp, peer, ctx, stop).await;
         });

@@ -389,6 +389,7 @@ impl Pipeline {
         let served = self
             .serve(Request::from_parts(parts, ()), &mut body, conn, &mut cx)
             .await;
+        let failed = matches!(served, Err(Stop::Failed(_)));
         let mut resp = match served {
             Ok(resp) => resp,
             Err(Stop::Limited(rejection)) => {
@@ -407,6 +408,12 @@ impl Pipeline {
                 response::problem(&err)
             }
         };
+        if body.is_none() && failed {
+            // The body was on its way upstream when the request failed
+            // (cut off at its size limit, say): the client may still be
+            // sending it, so a close must linger for the answer to arrive.
+            conn.state.linger_on_close();
+        }
         if let Some(body) = body {
             let bounds = self.discard_bounds;
             discard::settle(

@@ -53,7 +53,7 @@ fn every_semantic_problem_is_reported_with_its_path() {
   - { bind: 'localhost' }
   - { bind: '127.0.0.1:0', tls: { certs: [{ cert: /nonexistent.pem, key: /nonexistent.key }] } }
 admin: { bind: '127.0.0.1:8080' }
-server: { max_body_size: 10TB, idle_timeout: 0s, max_connections: 0 }
+server: { max_body_size: 10TB, idle_timeout: 0s, max_connections: 0, workers: many }
 upstreams:
   api: { targets: ['http://127.0.0.1:3000', 'noport'], host_header: 'bäd' }
 routes:
@@ -75,6 +75,7 @@ log: { format: xml, level: 'tollgate=loud' }
         "server.max_body_size: expected a size",
         "server.idle_timeout: must be greater than zero",
         "server.max_connections: expected a whole number from 1",
+        "server.workers: expected auto or a whole number from 1 to 1024, got \"many\"",
         "upstreams.api.targets[0]: expected \"host:port\" without a scheme",
         "upstreams.api.targets[1]: expected \"host:port\", got \"noport\"",
         "upstreams.api.host_header: expected \"preserve\", \"target\" or a host name",
@@ -106,6 +107,9 @@ fn defaults_fill_everything_left_out() {
     );
     assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.server.max_body_bytes, 10 << 20);
+    // auto: one worker per core this process may run on.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(c.server.workers, cores);
     assert_eq!(c.routes[0].max_body_bytes, 10 << 20);
     assert_eq!(c.log.format, LogFormat::Pretty);
     assert!(c.log.access_log);
