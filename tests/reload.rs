@@ -197,7 +197,8 @@ fn listeners_config(listeners: &[(&str, String)], upstream: SocketAddr) -> Strin
         yaml.push_str(&format!("  - {{ name: {name}, bind: '{bind}' }}\n"));
     }
     yaml.push_str(&format!(
-        "admin: {{ enabled: false }}\nlog: {{ access_log: false }}\nupstreams:\n  api: {{ targets: ['{upstream}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
+        // One worker: every request meets the same upstream pool.
+        "admin: {{ enabled: false }}\nlog: {{ access_log: false }}\nserver: {{ workers: 1 }}\nupstreams:\n  api: {{ targets: ['{upstream}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
     ));
     yaml
 }

@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use super::record::RequestEnd;
-use super::upstream::pool::Pooled;
+use super::upstream::h1::{BodyError, ResponseBody};
 
 /// A body's stall timer: how long it may make us wait between frames. It is
 /// armed only the first time the body is not ready (most small bodies never
@@ -199,7 +199,7 @@ impl Body for RequestBody {
 /// Why the upstream's body stopped on its way to the client.
 #[derive(Debug)]
 pub enum ResponseBodyError {
-    Upstream(hyper::Error),
+    Upstream(BodyError),
     IdleTimeout(Duration),
 }
 
@@ -229,11 +229,10 @@ enum Kind {
         data: Option<Bytes>,
     },
     Upstream {
-        inner: Incoming,
+        /// Returns its connection to the pool once it has ended cleanly.
+        inner: ResponseBody,
         /// nginx `proxy_read_timeout`: the longest gap between frames.
         stall: Stall,
-        /// Returned to the pool once the body has ended cleanly.
-        conn: Option<Pooled>,
     },
 }
 
@@ -255,25 +254,19 @@ impl ProxyBody {
         }
     }
 
-    /// Streams an upstream body. An already-finished body (204, HEAD,
-    /// `Content-Length: 0`) frees its connection at once, since hyper may
-    /// never poll it.
-    pub fn upstream(inner: Incoming, idle_timeout: Duration, conn: Option<Pooled>) -> Self {
-        let conn = match conn {
-            Some(c) if inner.is_end_stream() => {
-                c.release();
-                None
-            }
-            other => other,
-        };
-        ProxyBody {
-            kind: Kind::Upstream {
+    /// Streams an upstream body (one read whole with its head, the usual
+    /// small one, is sent as it is).
+    pub fn upstream(inner: ResponseBody, idle_timeout: Duration) -> Self {
+        let kind = match inner {
+            ResponseBody::Done(data) => Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+            inner => Kind::Upstream {
                 inner,
                 stall: Stall::new(idle_timeout),
-                conn,
             },
-            end: None,
-        }
+        };
+        ProxyBody { kind, end: None }
     }
 
     pub fn set_end(&mut self, end: RequestEnd) {
@@ -292,31 +285,19 @@ impl Body for ProxyBody {
         let this = self.get_mut();
         let polled = match &mut this.kind {
             Kind::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Kind::Upstream { inner, stall, conn } => match Pin::new(&mut *inner).poll_frame(cx) {
+            Kind::Upstream { inner, stall } => match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    if inner.is_end_stream() {
-                        // hyper stops polling once the length is reached,
-                        // so the clean end is seen here, not as `None`.
-                        if let Some(c) = conn.take() {
-                            c.release();
-                        }
-                    } else {
-                        stall.progressed();
-                    }
+                    stall.progressed();
                     Poll::Ready(Some(Ok(frame)))
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    conn.take();
+                    *inner = ResponseBody::Over;
                     Poll::Ready(Some(Err(ResponseBodyError::Upstream(e))))
                 }
-                Poll::Ready(None) => {
-                    if let Some(c) = conn.take() {
-                        c.release();
-                    }
-                    Poll::Ready(None)
-                }
+                Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending if stall.expired(cx) => {
-                    conn.take();
+                    // Dropping the body closes its connection.
+                    *inner = ResponseBody::Over;
                     Poll::Ready(Some(Err(ResponseBodyError::IdleTimeout(stall.timeout))))
                 }
                 Poll::Pending => Poll::Pending,

@@ -8,15 +8,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http::{HeaderMap, Request, Response, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
 
 use super::body::{ProxyBody, RequestBody};
 use super::client_ip;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
-use super::upstream::{Exchange, Upstream};
+use super::upstream::h1::{Answer, Conn};
+use super::upstream::Upstream;
 use super::webhook;
 use super::ConnInfo;
 use crate::config::{HostHeader, RouteConfig};
@@ -121,44 +123,60 @@ pub async fn forward(
     let mut target = None;
     let sent = upstream.send(req, &mut target).await;
     cx.end.set_target(target);
-    let Exchange {
-        mut response,
-        conn: pooled,
-    } = sent?;
-
-    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if switching {
-        let Some(client_upgrade) = client_upgrade else {
-            return Err(ProxyError::UpstreamFailed {
-                upstream: upstream.name.to_string(),
-                reason: "answered 101 to a request that asked for no upgrade".into(),
-            });
-        };
-        let upstream_upgrade = hyper::upgrade::on(&mut response);
-        tokio::spawn(async move {
-            // Keeps the upstream connection's sender alive until the
-            // upgrade has been handed over.
-            let _sender = pooled;
-            match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                Ok((down, up)) => {
-                    let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
-                        tracing::debug!(error = %e, "upgraded tunnel closed with an error");
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
-            }
-        });
-        forward::response_headers(response.headers_mut(), true);
-        let (parts, _) = response.into_parts();
-        return Ok(Response::from_parts(parts, ProxyBody::empty()));
-    }
+    let mut response = match sent? {
+        Answer::Response(response) => response,
+        Answer::Upgrade(response, conn) => {
+            return tunnel(response, conn, client_upgrade, upstream);
+        }
+    };
     forward::response_headers(response.headers_mut(), false);
-    let (parts, incoming) = response.into_parts();
+    let (parts, body) = response.into_parts();
     Ok(Response::from_parts(
         parts,
-        ProxyBody::upstream(incoming, upstream.timeout, Some(pooled)),
+        ProxyBody::upstream(body, upstream.timeout),
     ))
+}
+
+/// The upstream switched protocols: the client's connection and the
+/// upstream's are joined once the client side has switched too.
+fn tunnel(
+    mut response: Response<()>,
+    conn: Conn,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    upstream: &Upstream,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Some(client_upgrade) = client_upgrade else {
+        return Err(ProxyError::UpstreamFailed {
+            upstream: upstream.name.to_string(),
+            reason: "answered 101 to a request that asked for no upgrade".into(),
+        });
+    };
+    tokio::spawn(async move {
+        let Conn {
+            io: mut up,
+            read: early,
+            ..
+        } = conn;
+        match client_upgrade.await {
+            Ok(down) => {
+                let mut down = TokioIo::new(down);
+                // What the upstream sent right after its 101 goes first.
+                if !early.is_empty() {
+                    if let Err(e) = down.write_all(&early).await {
+                        tracing::debug!(error = %e, "upgraded tunnel closed with an error");
+                        return;
+                    }
+                }
+                if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
+                    tracing::debug!(error = %e, "upgraded tunnel closed with an error");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
+        }
+    });
+    forward::response_headers(response.headers_mut(), true);
+    let (parts, ()) = response.into_parts();
+    Ok(Response::from_parts(parts, ProxyBody::empty()))
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

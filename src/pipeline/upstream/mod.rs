@@ -4,13 +4,16 @@
 //!
 //! Retries never replay a body that may have reached the upstream:
 //! - a failed connect moves on to the next target (nothing was sent);
-//! - a pooled connection that turns out closed before the request was
-//!   written is retried once on a fresh connection;
+//! - a pooled connection that turns out closed before any of the request
+//!   was written is retried once on a fresh connection;
 //! - an idempotent, bodiless request whose pooled connection died before
 //!   any response byte is retried once on a fresh connection (the race with
 //!   an upstream closing an idle keep-alive connection).
+//!
+//! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
 pub mod client_tls;
+pub mod h1;
 pub mod pool;
 
 use std::net::SocketAddr;
@@ -18,24 +21,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{HeaderValue, HOST};
-use http::{Method, Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::{Method, Request};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use self::pool::{Pool, Pooled};
+use self::h1::{Answer, Conn, Io, SendError};
+use self::pool::Pool;
 use super::body::{RequestBody, RequestBodyError};
 use crate::config::{HostHeader, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
-
-/// Idle connections younger than this are reused without keeping a copy of
-/// the request for a retry: no upstream closes a keep-alive connection that
-/// quickly, so the close race cannot happen and the copy would be waste.
-const RACE_FREE_IDLE: Duration = Duration::from_secs(1);
 
 /// A named pool of targets, built once from config.
 pub struct Upstream {
@@ -79,13 +75,6 @@ const ERROR: usize = 1;
 const TIMEOUT: usize = 2;
 const RETRY: usize = 3;
 const COOLDOWN: usize = 4;
-
-/// A response head from the upstream, with the connection to return to the
-/// pool once its body has been read.
-pub struct Exchange {
-    pub response: Response<Incoming>,
-    pub conn: Pooled,
-}
 
 impl Upstream {
     pub fn new(cfg: &UpstreamConfig) -> Self {
@@ -155,11 +144,16 @@ impl Upstream {
     /// every attempt (`host_header: target`).
     pub async fn send(
         &self,
-        mut req: Request<RequestBody>,
+        req: Request<RequestBody>,
         chosen: &mut Option<Arc<str>>,
-    ) -> Result<Exchange, ProxyError> {
-        let replayable = is_idempotent(req.method()) && http_body::Body::is_end_stream(req.body());
-        let target_host = !req.headers().contains_key(HOST);
+    ) -> Result<Answer, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let bodiless = http_body::Body::is_end_stream(&body);
+        let replayable = is_idempotent(&parts.method) && bodiless;
+        let length = http_body::Body::size_hint(&body).exact();
+        let chunked = !bodiless && length.is_none() && !parts.headers.contains_key(CONTENT_LENGTH);
+        let mut body = (!bodiless).then_some(body);
+        let target_host = !parts.headers.contains_key(HOST);
         let sending = Instant::now();
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
@@ -171,8 +165,8 @@ impl Upstream {
         // case they are back (better a try than a certain 502).
         for pass in 0..2 {
             for i in 0..n {
-                let target = &self.targets[(first + i) % n];
                 let idx = (first + i) % n;
+                let target = &self.targets[idx];
                 let cooling = target.down_until_ms.load(Ordering::Relaxed) > now;
                 if cooling != (pass == 1) || (idx < 64 && tried & (1 << idx) != 0) {
                     continue;
@@ -184,16 +178,17 @@ impl Upstream {
                 let mut pooled_first = true;
                 loop {
                     let idle = if pooled_first {
-                        self.take_ready(target).await
+                        target.pool.take()
                     } else {
                         None
                     };
-                    let (sender, idle_for) = match idle {
-                        Some((s, age)) => (s, Some(age)),
+                    let reused = idle.is_some();
+                    let conn = match idle {
+                        Some(c) => c,
                         None => match self.connect(target).await {
-                            Ok(s) => {
+                            Ok(c) => {
                                 target.down_until_ms.store(0, Ordering::Relaxed);
-                                (s, None)
+                                c
                             }
                             Err(e) => {
                                 target.down_until_ms.store(
@@ -207,17 +202,19 @@ impl Upstream {
                             }
                         },
                     };
-                    let retry_head = match idle_for {
-                        Some(age) if replayable && age >= RACE_FREE_IDLE => Some(clone_head(&req)),
-                        _ => None,
-                    };
                     if target_host {
-                        req.headers_mut().insert(HOST, target.host_value.clone());
+                        parts.headers.insert(HOST, target.host_value.clone());
                     }
-                    let mut conn = Pooled::new(sender, target.pool.clone());
-                    let sent =
-                        tokio::time::timeout(self.timeout, conn.sender.try_send_request(req)).await;
-                    match sent {
+                    let head = h1::encode_head(&parts, length, chunked);
+                    let exchange = h1::exchange(
+                        conn,
+                        head,
+                        body.take(),
+                        chunked,
+                        &parts.method,
+                        &target.pool,
+                    );
+                    match tokio::time::timeout(self.timeout, exchange).await {
                         Err(_) => {
                             target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
                             return Err(ProxyError::UpstreamTimeout {
@@ -225,29 +222,41 @@ impl Upstream {
                                 seconds: self.timeout.as_secs_f64(),
                             });
                         }
-                        Ok(Ok(response)) => {
+                        Ok(Ok(answer)) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
                             self.duration.observe(sending.elapsed());
-                            return Ok(Exchange { response, conn });
+                            return Ok(answer);
                         }
-                        Ok(Err(mut e)) => {
-                            let reused = idle_for.is_some();
-                            if let Some(back) = e.take_message() {
-                                if reused {
-                                    target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
-                                    req = back;
-                                    pooled_first = false;
-                                    continue;
-                                }
-                            } else if let (true, Some(head)) = (reused, retry_head) {
-                                tracing::debug!(upstream = %self.name, target = %target.authority, "pooled connection closed under us; retrying on a fresh one");
+                        Ok(Err(SendError::Body(e))) => return Err(body_error(e)),
+                        Ok(Err(SendError::Io {
+                            error,
+                            wrote,
+                            received,
+                            unsent,
+                        })) => {
+                            // A pooled connection the upstream closed under
+                            // us: send again on a fresh one if nothing
+                            // reached the upstream, or if the request is
+                            // idempotent and bodiless.
+                            if reused && !received && (!wrote || replayable) {
+                                tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
                                 target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
-                                req = head;
+                                body = unsent;
                                 pooled_first = false;
                                 continue;
                             }
                             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
-                            return Err(self.classify(e.into_error()));
+                            let e = SendError::Io {
+                                error,
+                                wrote,
+                                received,
+                                unsent: None,
+                            };
+                            return Err(self.failed(e));
+                        }
+                        Ok(Err(e)) => {
+                            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
+                            return Err(self.failed(e));
                         }
                     }
                 }
@@ -259,20 +268,7 @@ impl Upstream {
         })
     }
 
-    /// Pops idle connections until one is ready to take a request.
-    async fn take_ready(
-        &self,
-        target: &TargetState,
-    ) -> Option<(SendRequest<RequestBody>, Duration)> {
-        while let Some((mut sender, age)) = target.pool.take() {
-            if sender.ready().await.is_ok() {
-                return Some((sender, age));
-            }
-        }
-        None
-    }
-
-    async fn connect(&self, target: &TargetState) -> Result<SendRequest<RequestBody>, String> {
+    async fn connect(&self, target: &TargetState) -> Result<Conn, String> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let tcp = match target.addr {
             Some(addr) => tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await,
@@ -296,7 +292,7 @@ impl Upstream {
         };
         let _ = tcp.set_nodelay(true);
         match &self.tls {
-            None => handshake(TokioIo::new(tcp)).await,
+            None => Ok(Conn::new(Io::Tcp(tcp))),
             Some((connector, name)) => {
                 let server_name = match name {
                     Some(n) => n.clone(),
@@ -308,27 +304,12 @@ impl Upstream {
                     .await
                     .map_err(|_| "TLS handshake timed out".to_owned())?
                     .map_err(|e| format!("TLS handshake failed: {e}"))?;
-                handshake(TokioIo::new(tls)).await
+                Ok(Conn::new(Io::Tls(Box::new(tls))))
             }
         }
     }
 
-    fn classify(&self, err: hyper::Error) -> ProxyError {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-        while let Some(e) = source {
-            if let Some(body_err) = e.downcast_ref::<RequestBodyError>() {
-                return match body_err {
-                    RequestBodyError::TooLarge { limit } => {
-                        ProxyError::BodyTooLarge { limit: *limit }
-                    }
-                    RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
-                    RequestBodyError::Client(_) => {
-                        ProxyError::BadRequest("the client's request body was cut off")
-                    }
-                };
-            }
-            source = e.source();
-        }
+    fn failed(&self, err: SendError) -> ProxyError {
         ProxyError::UpstreamFailed {
             upstream: self.name.to_string(),
             reason: err.to_string(),
@@ -336,20 +317,15 @@ impl Upstream {
     }
 }
 
-async fn handshake<T>(io: T) -> Result<SendRequest<RequestBody>, String>
-where
-    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, conn) = http1::Builder::new()
-        .handshake(io)
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
+/// A client body that failed on its way upstream, as the client's error.
+fn body_error(e: RequestBodyError) -> ProxyError {
+    match e {
+        RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
+        RequestBodyError::Client(_) => {
+            ProxyError::BadRequest("the client's request body was cut off")
         }
-    });
-    Ok(sender)
+    }
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -357,14 +333,4 @@ fn is_idempotent(m: &Method) -> bool {
         *m,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
-}
-
-/// A copy of a bodiless request, kept in case it must be sent again.
-fn clone_head(req: &Request<RequestBody>) -> Request<RequestBody> {
-    let mut copy = Request::new(RequestBody::empty());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
 }

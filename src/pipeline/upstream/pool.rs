@@ -1,62 +1,57 @@
 //! Keep-alive connections to one upstream target.
 //!
-//! Idle connections sit on a stack: the most recently used is handed out
-//! first (it is the least likely to have been closed by the upstream), and
-//! one idle for longer than `idle_timeout` is dropped rather than reused, so
-//! tollgate never writes into a connection the upstream is about to close.
-//! The lock is held only to push or pop.
+//! Each worker event loop keeps its own idle connections (like nginx's
+//! `keepalive`, which is per worker process): a connection is only ever used
+//! by the thread whose reactor it is registered with, so reusing it costs
+//! no cross-thread wake-up. Idle connections sit on a stack: the most
+//! recently used is handed out first (it is the least likely to have been
+//! closed by the upstream), one idle for longer than `idle_timeout` is
+//! dropped rather than reused, and one the upstream closed meanwhile is
+//! noticed and dropped. The lock is held only to push or pop, and only the
+//! owning thread takes it but for metrics.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::http1::SendRequest;
+use super::h1::Conn;
 
-use crate::pipeline::body::RequestBody;
+/// Idle stacks per pool; threads beyond this many share them.
+const SHARDS: usize = 16;
 
 pub struct Pool {
-    idle: Mutex<Vec<Idle>>,
-    /// Beyond this many idle connections, finished ones are closed.
+    shards: Box<[Mutex<Vec<Idle>>]>,
+    /// Beyond this many idle connections (per worker), finished ones are
+    /// closed.
     max_idle: usize,
     /// Older idle connections are dropped instead of reused.
     idle_timeout: Duration,
 }
 
 struct Idle {
-    sender: SendRequest<RequestBody>,
+    conn: Conn,
     since: Instant,
 }
 
-/// A connection checked out for one exchange.
-pub struct Pooled {
-    pub sender: SendRequest<RequestBody>,
-    pool: Arc<Pool>,
-}
-
-impl Pooled {
-    pub fn new(sender: SendRequest<RequestBody>, pool: Arc<Pool>) -> Self {
-        Pooled { sender, pool }
+/// This thread's shard, assigned on first use.
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-
-    /// Puts the connection back for the next request (if it is still open
-    /// and the pool has room). Dropping a `Pooled` instead closes it.
-    pub fn release(self) {
-        if self.sender.is_closed() {
-            return;
+    SHARD.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
         }
-        let mut idle = self.pool.lock();
-        if idle.len() < self.pool.max_idle {
-            idle.push(Idle {
-                sender: self.sender,
-                since: Instant::now(),
-            });
-        }
-    }
+        s.get()
+    })
 }
 
 impl Pool {
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
         Pool {
-            idle: Mutex::new(Vec::new()),
+            shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             max_idle,
             idle_timeout,
         }
@@ -64,22 +59,33 @@ impl Pool {
 
     fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {
         // A panic while holding this lock cannot leave the Vec inconsistent.
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[shard()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The freshest idle connection that is still open, with how long it
-    /// has been idle.
-    pub fn take(&self) -> Option<(SendRequest<RequestBody>, Duration)> {
+    /// Puts a connection back for the next request, if there is room.
+    pub fn put(&self, conn: Conn) {
         let mut idle = self.lock();
-        while let Some(c) = idle.pop() {
-            let age = c.since.elapsed();
-            if age > self.idle_timeout {
+        if idle.len() < self.max_idle {
+            idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// The freshest idle connection that is still open.
+    pub fn take(&self) -> Option<Conn> {
+        let mut idle = self.lock();
+        while let Some(mut c) = idle.pop() {
+            if c.since.elapsed() > self.idle_timeout {
                 // Everything below is older still.
                 idle.clear();
                 return None;
             }
-            if !c.sender.is_closed() {
-                return Some((c.sender, age));
+            if !c.conn.is_stale() {
+                return Some(c.conn);
             }
         }
         None

@@ -1,0 +1,851 @@
+//! HTTP/1.1 to the upstream, driven by the request's own task.
+//!
+//! A pooled connection is a socket plus the bytes read from it and not yet
+//! used. The request task writes the request and reads the response itself:
+//! there is no connection task, no channel between the two and no waker
+//! handed across, which is what a proxy pays for per request with a
+//! general-purpose client. The exchange is full duplex: the request body
+//! goes on being written while the response is read, so an upstream that
+//! answers early (or streams its answer while it reads) is relayed as it
+//! speaks.
+//!
+//! Framing follows RFC 9112 §6: no body for HEAD, 1xx, 204 and 304; a
+//! chunked `Transfer-Encoding` wins over `Content-Length` (and the
+//! connection is then not reused); conflicting lengths are an error; a body
+//! with neither is read to the close. A connection goes back to the pool
+//! only when its response was read exactly to its end, the request was
+//! written whole, nothing extra arrived and neither side said `close`.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::pool::Pool;
+use crate::pipeline::body::{RequestBody, RequestBodyError};
+
+/// The most header fields an upstream response may have (as hyper).
+const MAX_HEADERS: usize = 100;
+/// The largest response head read; beyond it the response is refused.
+const MAX_HEAD: usize = 64 << 10;
+/// The longest chunk-size line (size, extensions) or trailer line.
+const MAX_LINE: usize = 4096;
+/// First read size; doubled while reads fill it, up to `MAX_READ`.
+const FIRST_READ: usize = 8 << 10;
+const MAX_READ: usize = 256 << 10;
+
+/// The socket to one upstream target.
+pub enum Io {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Tcp(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Tcp(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection to an upstream target: the socket and what was read from
+/// it but not used yet.
+pub struct Conn {
+    pub io: Io,
+    pub read: BytesMut,
+    /// The size of the next read (grows with large bodies).
+    read_size: usize,
+}
+
+impl Conn {
+    pub fn new(io: Io) -> Conn {
+        Conn {
+            io,
+            read: BytesMut::new(),
+            read_size: FIRST_READ,
+        }
+    }
+
+    /// Whether the upstream closed this idle connection (or sent
+    /// something nobody asked for) while it sat in the pool. Costs no
+    /// system call unless the socket became readable since its last read.
+    pub fn is_stale(&mut self) -> bool {
+        if !self.read.is_empty() {
+            return true;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.tcp().poll_read_ready(&mut cx) {
+            Poll::Pending => false,
+            Poll::Ready(Err(_)) => true,
+            Poll::Ready(Ok(())) => {
+                // Readable: a close, stray bytes, or (TLS) a session ticket
+                // the TLS layer takes in and that leaves nothing to read.
+                let mut byte = [0u8; 1];
+                let mut buf = ReadBuf::new(&mut byte);
+                !matches!(
+                    Pin::new(&mut self.io).poll_read(&mut cx, &mut buf),
+                    Poll::Pending
+                )
+            }
+        }
+    }
+
+    /// Reads more into `self.read`: the number of bytes read (0: closed).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.read.reserve(self.read_size);
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.read
+        ))?;
+        if n >= self.read_size && self.read_size < MAX_READ {
+            self.read_size *= 2;
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Why an exchange failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// The client's request body failed (too large, too slow, cut off).
+    Body(RequestBodyError),
+    /// The connection failed or closed. `wrote`: some of the request was
+    /// written; `received`: some of a response arrived.
+    Io {
+        error: io::Error,
+        wrote: bool,
+        received: bool,
+        /// The request body, when none of the request was written (it can
+        /// be sent again).
+        unsent: Option<RequestBody>,
+    },
+    /// The upstream's answer is not valid HTTP/1.1.
+    Protocol(String),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Body(e) => e.fmt(f),
+            SendError::Io {
+                error,
+                received: false,
+                ..
+            } if error.kind() == io::ErrorKind::UnexpectedEof => {
+                f.write_str("connection closed before a response")
+            }
+            SendError::Io { error, .. } => write!(f, "connection error: {error}"),
+            SendError::Protocol(why) => write!(f, "invalid response: {why}"),
+        }
+    }
+}
+
+/// The request on its way out: the head, then the body (chunked when its
+/// length is unknown).
+struct Writer {
+    out: VecDeque<Bytes>,
+    body: Option<RequestBody>,
+    chunked: bool,
+    wrote: bool,
+}
+
+impl Writer {
+    /// The write failed: the body goes back if none of it was sent.
+    fn failed(&mut self, error: io::Error) -> SendError {
+        SendError::Io {
+            error,
+            wrote: self.wrote,
+            received: false,
+            unsent: if self.wrote { None } else { self.body.take() },
+        }
+    }
+
+    /// Writes what it can: `Ready(Ok)` once the whole request is out.
+    fn poll(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        if !self.wrote && self.body.is_some() && self.out.len() == 1 {
+            // The head waits for the body's first piece: they go out in
+            // one write, and a body that fails at once (a malformed chunk)
+            // sends the upstream nothing at all.
+            ready!(self.pull(cx))?;
+        }
+        loop {
+            while !self.out.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 4];
+                let n = self
+                    .out
+                    .iter()
+                    .zip(slices.iter_mut())
+                    .map(|(b, s)| *s = IoSlice::new(b))
+                    .count();
+                let written = match ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]))
+                {
+                    Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+                    other => other,
+                };
+                let mut written = match written {
+                    Ok(n) => n,
+                    Err(error) => return Poll::Ready(Err(self.failed(error))),
+                };
+                self.wrote = true;
+                while written > 0 {
+                    let Some(front) = self.out.front_mut() else {
+                        break;
+                    };
+                    let take = written.min(front.len());
+                    front.advance(take);
+                    written -= take;
+                    if front.is_empty() {
+                        self.out.pop_front();
+                    }
+                }
+            }
+            if self.body.is_none() {
+                return Pin::new(&mut *io)
+                    .poll_flush(cx)
+                    .map_err(|error| self.failed(error));
+            }
+            ready!(self.pull(cx))?;
+        }
+    }
+
+    /// Moves the next piece of the body (framed) to `out`.
+    fn pull(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        match ready!(Pin::new(body).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                // Trailers are not forwarded.
+                if let Ok(data) = frame.into_data() {
+                    if data.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    if self.chunked {
+                        self.out
+                            .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                        self.out.push_back(data);
+                        self.out.push_back(Bytes::from_static(b"\r\n"));
+                    } else {
+                        self.out.push_back(data);
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                self.body = None;
+                return Poll::Ready(Err(SendError::Body(e)));
+            }
+            None => {
+                self.body = None;
+                if self.chunked {
+                    self.out.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// How the response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    /// Read until the upstream closes.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+}
+
+/// What an upstream answered.
+pub enum Answer {
+    /// A response whose body is read as the client takes it (or already
+    /// complete).
+    Response(Response<ResponseBody>),
+    /// `101 Switching Protocols`: the connection now belongs to the tunnel.
+    Upgrade(Response<()>, Conn),
+}
+
+/// Sends the request (`head` already encoded, then `body`) on `conn` and
+/// reads the response head. The connection is returned to `pool` once the
+/// response body ends cleanly.
+pub async fn exchange(
+    mut conn: Conn,
+    head: Bytes,
+    body: Option<RequestBody>,
+    chunked: bool,
+    method: &Method,
+    pool: &Arc<Pool>,
+) -> Result<Answer, SendError> {
+    let mut writer = Some(Writer {
+        out: VecDeque::from([head]),
+        body,
+        chunked,
+        wrote: false,
+    });
+    // Set when writing failed after the upstream may have answered (an
+    // early 413 and a close): the answer, if any, is still read.
+    let mut write_failed: Option<SendError> = None;
+    let head = poll_fn(|cx| loop {
+        if let Some(w) = writer.as_mut() {
+            match w.poll(&mut conn.io, cx) {
+                Poll::Ready(Ok(())) => writer = None,
+                Poll::Ready(Err(SendError::Body(e))) => {
+                    return Poll::Ready(Err(SendError::Body(e)));
+                }
+                Poll::Ready(Err(e)) => {
+                    writer = None;
+                    write_failed = Some(e);
+                }
+                Poll::Pending => {}
+            }
+        }
+        match parse_head(&mut conn.read, method) {
+            Err(why) => return Poll::Ready(Err(SendError::Protocol(why))),
+            Ok(Some(head)) => return Poll::Ready(Ok(head)),
+            Ok(None) => {}
+        }
+        let received = !conn.read.is_empty();
+        let error = match ready!(conn.poll_fill(cx)) {
+            Ok(0) => io::ErrorKind::UnexpectedEof.into(),
+            Ok(_) => continue,
+            Err(error) => error,
+        };
+        if let Some(failed) = write_failed.take() {
+            return Poll::Ready(Err(failed));
+        }
+        let (wrote, unsent) = match writer.as_mut() {
+            Some(w) if !w.wrote => (false, w.body.take()),
+            _ => (true, None),
+        };
+        return Poll::Ready(Err(SendError::Io {
+            error,
+            wrote,
+            received,
+            unsent,
+        }));
+    })
+    .await?;
+    let Head {
+        response,
+        framing,
+        mut keep_alive,
+    } = head;
+    keep_alive &= write_failed.is_none();
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(Answer::Upgrade(response, conn));
+    }
+    // The common case: a small body already here whole; the connection
+    // goes back before the client is even answered.
+    if let (Framing::Length(n), None) = (framing, &writer) {
+        if n <= conn.read.len() as u64 {
+            let data = conn.read.split_to(n as usize).freeze();
+            if keep_alive && conn.read.is_empty() {
+                pool.put(conn);
+            }
+            let (parts, ()) = response.into_parts();
+            return Ok(Answer::Response(Response::from_parts(
+                parts,
+                ResponseBody::Done(data),
+            )));
+        }
+    }
+    let (parts, ()) = response.into_parts();
+    Ok(Answer::Response(Response::from_parts(
+        parts,
+        ResponseBody::Reading(Box::new(Reading {
+            conn,
+            writer,
+            framing,
+            keep_alive,
+            pool: pool.clone(),
+        })),
+    )))
+}
+
+struct Head {
+    response: Response<()>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Parses a response head off the front of `read`, skipping interim
+/// (1xx) responses other than 101. `None`: more bytes are needed.
+fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, String> {
+    loop {
+        if read.is_empty() {
+            return Ok(None);
+        }
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(read) {
+            Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
+            Ok(httparse::Status::Complete(_)) => {
+                return Err(format!("response head over {MAX_HEAD} bytes"))
+            }
+            Ok(httparse::Status::Partial) if read.len() > MAX_HEAD => {
+                return Err(format!("response head over {MAX_HEAD} bytes"))
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let code = parsed.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code).map_err(|_| format!("status {code}"))?;
+        let version = match parsed.version {
+            Some(0) => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        };
+        // Where each field sits in the head, to slice it out shared.
+        let base = read.as_ptr() as usize;
+        let spans: Vec<(HeaderName, usize, usize)> = parsed
+            .headers
+            .iter()
+            .map(|h| {
+                let name = HeaderName::from_bytes(h.name.as_bytes())
+                    .map_err(|_| format!("bad header name {:?}", h.name))?;
+                let start = h.value.as_ptr() as usize - base;
+                Ok((name, start, start + h.value.len()))
+            })
+            .collect::<Result<_, String>>()?;
+        let head = read.split_to(len).freeze();
+        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            continue;
+        }
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        for (name, start, end) in spans {
+            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+                .map_err(|_| format!("bad value for header {name}"))?;
+            headers.append(name, value);
+        }
+        let (framing, mut keep_alive) = framing(&headers, status, method)?;
+        if headers.contains_key(TRANSFER_ENCODING) {
+            // The transfer coding wins; a length beside it is a lie the
+            // client must not see (RFC 9112 §6.3).
+            headers.remove(CONTENT_LENGTH);
+        }
+        keep_alive &= match version {
+            Version::HTTP_10 => has_token(&headers, "keep-alive"),
+            _ => !has_token(&headers, "close"),
+        };
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        // The client is answered in its own protocol, whatever the
+        // upstream's version.
+        *response.headers_mut() = headers;
+        return Ok(Some(Head {
+            response,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// The response body's framing, and whether the framing allows reuse.
+fn framing(
+    headers: &HeaderMap,
+    status: StatusCode,
+    method: &Method,
+) -> Result<(Framing, bool), String> {
+    if method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational()
+    {
+        return Ok((Framing::Length(0), true));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            // A value that is not text is no "chunked" either.
+            .map(|v| v.to_str().unwrap_or("?"))
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        let chunked = last.is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+        // With a Content-Length beside it, the message may be smuggling:
+        // read it chunked, but never reuse the connection.
+        let reuse = chunked && !headers.contains_key(CONTENT_LENGTH);
+        return Ok(match chunked {
+            true => (Framing::Chunked(Chunk::Size), reuse),
+            false => (Framing::Close, false),
+        });
+    }
+    let mut length = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        for part in v.to_str().map_err(|_| "bad Content-Length")?.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!("bad Content-Length {part:?}"));
+            }
+            let n: u64 = part.parse().map_err(|_| "Content-Length too large")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length values".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), true),
+        None => (Framing::Close, false),
+    })
+}
+
+fn has_token(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// An upstream response body.
+pub enum ResponseBody {
+    /// All of it (possibly nothing), read with the head.
+    Done(Bytes),
+    /// Still arriving on its connection.
+    Reading(Box<Reading>),
+    /// Finished, or failed.
+    Over,
+}
+
+pub struct Reading {
+    conn: Conn,
+    /// The request body, still being written.
+    writer: Option<Writer>,
+    framing: Framing,
+    keep_alive: bool,
+    pool: Arc<Pool>,
+}
+
+/// Why an upstream body stopped early.
+#[derive(Debug)]
+pub enum BodyError {
+    Io(io::Error),
+    Closed,
+    Protocol(&'static str),
+    /// The client's request body failed while the response was streaming.
+    Request(RequestBodyError),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Io(e) => write!(f, "connection error: {e}"),
+            BodyError::Closed => f.write_str("connection closed before the end of the body"),
+            BodyError::Protocol(why) => write!(f, "invalid body: {why}"),
+            BodyError::Request(e) => write!(f, "request body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl Reading {
+    /// The next piece of the body: `Ok(None)` at its clean end.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>> {
+        loop {
+            if let Some(w) = self.writer.as_mut() {
+                match w.poll(&mut self.conn.io, cx) {
+                    Poll::Ready(Ok(())) => self.writer = None,
+                    Poll::Ready(Err(SendError::Body(e))) => {
+                        return Poll::Ready(Err(BodyError::Request(e)))
+                    }
+                    Poll::Ready(Err(_)) => {
+                        // The upstream stopped reading; its answer may
+                        // still be whole.
+                        self.writer = None;
+                        self.keep_alive = false;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            match self.decode()? {
+                Some(Some(data)) => return Poll::Ready(Ok(Some(data))),
+                Some(None) => return Poll::Ready(Ok(None)),
+                None => {}
+            }
+            match ready!(self.conn.poll_fill(cx)) {
+                Ok(0) if self.framing == Framing::Close => {
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(None));
+                }
+                Ok(0) => return Poll::Ready(Err(BodyError::Closed)),
+                Ok(_) => {}
+                Err(e) if self.framing == Framing::Close => {
+                    // Some servers reset instead of closing: the end all
+                    // the same for a body delimited by the close.
+                    tracing::debug!(error = %e, "upstream reset after a close-delimited body");
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(None));
+                }
+                Err(e) => return Poll::Ready(Err(BodyError::Io(e))),
+            }
+        }
+    }
+
+    /// Takes what it can from the bytes read: `Some(Some(data))`, the end
+    /// (`Some(None)`), or `None` when more must be read.
+    fn decode(&mut self) -> Result<Option<Option<Bytes>>, BodyError> {
+        let read = &mut self.conn.read;
+        loop {
+            match &mut self.framing {
+                Framing::Length(0) => return Ok(Some(None)),
+                Framing::Length(n) | Framing::Chunked(Chunk::Data(n)) => {
+                    if read.is_empty() {
+                        return Ok(None);
+                    }
+                    let take = (*n).min(read.len() as u64);
+                    *n -= take;
+                    let data = read.split_to(take as usize).freeze();
+                    if let Framing::Chunked(c @ Chunk::Data(0)) = &mut self.framing {
+                        *c = Chunk::DataEnd;
+                    }
+                    return Ok(Some(Some(data)));
+                }
+                Framing::Close => {
+                    if read.is_empty() {
+                        return Ok(None);
+                    }
+                    return Ok(Some(Some(read.split().freeze())));
+                }
+                Framing::Chunked(Chunk::Size) => {
+                    let Some(line) = take_line(read)? else {
+                        return Ok(None);
+                    };
+                    let size = line.split(|&b| b == b';').next().unwrap_or_default();
+                    let size = std::str::from_utf8(size)
+                        .ok()
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty() && s.len() <= 16)
+                        .and_then(|s| u64::from_str_radix(s, 16).ok())
+                        .ok_or(BodyError::Protocol("bad chunk size"))?;
+                    self.framing = Framing::Chunked(match size {
+                        0 => Chunk::Trailers,
+                        n => Chunk::Data(n),
+                    });
+                }
+                Framing::Chunked(Chunk::DataEnd) => {
+                    if read.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &read[..2] != b"\r\n" {
+                        return Err(BodyError::Protocol("no CRLF after a chunk"));
+                    }
+                    read.advance(2);
+                    self.framing = Framing::Chunked(Chunk::Size);
+                }
+                Framing::Chunked(Chunk::Trailers) => {
+                    // Trailers are read and dropped, as nginx does.
+                    let Some(line) = take_line(read)? else {
+                        return Ok(None);
+                    };
+                    if line.is_empty() {
+                        self.framing = Framing::Length(0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the clean end: the connection goes back to the pool if it
+    /// can be used again.
+    fn finish(self) {
+        let Reading {
+            conn,
+            writer,
+            keep_alive,
+            pool,
+            ..
+        } = self;
+        if keep_alive && writer.is_none() && conn.read.is_empty() {
+            pool.put(conn);
+        }
+    }
+}
+
+/// One CRLF-terminated line off the front of `read` (without the CRLF).
+fn take_line(read: &mut BytesMut) -> Result<Option<Bytes>, BodyError> {
+    match read.iter().position(|&b| b == b'\n') {
+        Some(i) => {
+            let mut line = read.split_to(i + 1).freeze();
+            line.truncate(i);
+            if line.last() == Some(&b'\r') {
+                line.truncate(i - 1);
+            }
+            Ok(Some(line))
+        }
+        None if read.len() > MAX_LINE => Err(BodyError::Protocol("chunk line too long")),
+        None => Ok(None),
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        match this {
+            ResponseBody::Done(data) => {
+                let data = std::mem::take(data);
+                *this = ResponseBody::Over;
+                Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
+            }
+            ResponseBody::Reading(r) => match ready!(r.poll_next(cx)) {
+                Ok(Some(data)) => {
+                    if r.framing == Framing::Length(0) {
+                        // The length is reached: hyper may not poll again.
+                        if let ResponseBody::Reading(r) =
+                            std::mem::replace(this, ResponseBody::Over)
+                        {
+                            r.finish();
+                        }
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
+                Ok(None) => {
+                    if let ResponseBody::Reading(r) = std::mem::replace(this, ResponseBody::Over) {
+                        r.finish();
+                    }
+                    Poll::Ready(None)
+                }
+                Err(e) => {
+                    *this = ResponseBody::Over;
+                    Poll::Ready(Some(Err(e)))
+                }
+            },
+            ResponseBody::Over => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Done(data) => data.is_empty(),
+            ResponseBody::Reading(r) => r.framing == Framing::Length(0) && r.writer.is_none(),
+            ResponseBody::Over => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Done(data) => SizeHint::with_exact(data.len() as u64),
+            ResponseBody::Reading(r) => match r.framing {
+                Framing::Length(n) => SizeHint::with_exact(n),
+                _ => SizeHint::default(),
+            },
+            ResponseBody::Over => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// The request head for the upstream: request line, fields, and the
+/// framing the body needs (`chunked`: its length is unknown).
+pub fn encode_head(parts: &http::request::Parts, length: Option<u64>, chunked: bool) -> Bytes {
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let size: usize = parts
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    let mut out = BytesMut::with_capacity(parts.method.as_str().len() + target.len() + size + 64);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    } else if let Some(n) = length.filter(|_| !parts.headers.contains_key(CONTENT_LENGTH)) {
+        out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.freeze()
+}
