@@ -51,6 +51,43 @@ async fn slowloris_connections_are_closed_at_the_header_read_timeout() {
 }
 
 #[tokio::test]
+async fn a_later_request_head_must_complete_in_time_but_an_idle_keep_alive_may_wait() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&guarded(
+        &up,
+        "header_read_timeout: 400ms, idle_timeout: 30s",
+    ))
+    .await;
+    let first = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+    // Served once, then idle past header_read_timeout: still open, and
+    // it serves the next request.
+    let mut idle = TcpStream::connect(proxy.addr()).await.unwrap();
+    idle.write_all(first).await.unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    assert!(idle.read(&mut buf).await.unwrap() > 0);
+    // Served once, then the next head dribbles in and never completes.
+    let mut slow = TcpStream::connect(proxy.addr()).await.unwrap();
+    slow.write_all(first).await.unwrap();
+    assert!(slow.read(&mut buf).await.unwrap() > 0);
+    slow.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .unwrap();
+    let took = closed_within(&mut slow, Duration::from_secs(10)).await;
+    assert!(
+        took >= Duration::from_millis(300),
+        "closed too early: {took:?}"
+    );
+    // The idle one outlived the slow one's head timeout.
+    idle.write_all(first).await.unwrap();
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "the idle keep-alive connection still serves"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+#[tokio::test]
 async fn oversize_headers_get_a_431_problem() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&guarded(&up, "max_header_size: 4KB, max_headers: 20")).await;

@@ -9,18 +9,20 @@
 //! nothing but its preface and SETTINGS, so a silent socket would otherwise
 //! hold a connection slot for `idle_timeout`.
 //!
-//! The idle watchdog closes a connection that has had no request in flight
-//! for `server.idle_timeout`, and one whose client has taken nothing of the
-//! responses it is being sent for `server.send_timeout` (a reader that
-//! stopped reading, an HTTP/2 peer that never opens its flow-control
-//! window), like nginx `send_timeout`. For HTTP/1.1, hyper's header-read timer also
-//! runs while it waits for the next request head, so an idle keep-alive
-//! connection closes after the shorter of the two.
+//! The watchdog (one timer per connection, none per request) closes a
+//! connection that has had no request in flight for `server.idle_timeout`
+//! (nginx `keepalive_timeout`); an HTTP/1.1 connection whose next request
+//! head started arriving but is not complete within
+//! `server.header_read_timeout` (nginx `client_header_timeout`); and one
+//! whose client has taken nothing of the responses it is being sent for
+//! `server.send_timeout` (a reader that stopped reading, an HTTP/2 peer
+//! that never opens its flow-control window), like nginx `send_timeout`.
+//! Each is seen within a quarter of its value (half for `send_timeout`).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -39,11 +41,16 @@ const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
 pub struct ConnState {
     /// Requests whose response body has not finished yet.
     in_flight: AtomicUsize,
-    /// Milliseconds since `opened` of the last request start or finish.
-    last_change_ms: AtomicU64,
-    opened: Instant,
+    /// Request starts and finishes, ever: the watchdog sees idleness as
+    /// this not moving (no clock read per request).
+    activity: AtomicU64,
     /// Whether a request head has arrived on this connection yet.
     started: AtomicBool,
+    /// HTTP/2: no request-head timer between requests.
+    h2: AtomicBool,
+    /// Bytes arrived since the last request started: with nothing in
+    /// flight on HTTP/1.1, the next request head is on its way.
+    reading: AtomicBool,
     /// Close it lingering (see `linger`): an answer went out before the
     /// request body was read.
     linger: AtomicBool,
@@ -63,9 +70,10 @@ impl ConnState {
         stats.opened();
         ConnState {
             in_flight: AtomicUsize::new(0),
-            last_change_ms: AtomicU64::new(0),
-            opened: Instant::now(),
+            activity: AtomicU64::new(0),
             started: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
+            reading: AtomicBool::new(false),
             linger: AtomicBool::new(false),
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
@@ -73,20 +81,26 @@ impl ConnState {
         }
     }
 
-    fn touch(&self) {
-        self.last_change_ms
-            .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    pub fn request_started(&self) {
+    pub fn request_started(&self, h2: bool) {
         self.started.store(true, Ordering::Relaxed);
+        if h2 {
+            self.h2.store(true, Ordering::Relaxed);
+        }
+        self.reading.store(false, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.touch();
+        self.activity.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn request_finished(&self) {
+        // Its body's bytes are no next request head.
+        self.reading.store(false, Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.touch();
+        self.activity.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes came in from the client.
+    pub fn bytes_read(&self) {
+        self.reading.store(true, Ordering::Relaxed);
     }
 
     /// Asks for a lingering close: the client may still be sending a body
@@ -112,14 +126,18 @@ impl ConnState {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// How long the connection has had nothing in flight; `None` while a
-    /// request runs.
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_change_ms.load(Ordering::Relaxed));
-        Some(self.opened.elapsed().saturating_sub(last))
+    /// Whether a request is in flight.
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) > 0
+    }
+
+    /// HTTP/1.1 with nothing in flight and bytes in: a request head that
+    /// has not completed yet.
+    fn head_pending(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
+            && !self.h2.load(Ordering::Relaxed)
+            && self.reading.load(Ordering::Relaxed)
+            && !self.busy()
     }
 }
 
@@ -155,15 +173,23 @@ pub(super) async fn serve<I>(
     let first_head = tokio::time::sleep(ctx.header_read_timeout);
     tokio::pin!(first_head);
     let mut awaiting_first = true;
-    // Wakes the watchdog: idle connections, and responses nobody takes.
-    let send_timeout = ctx.send_timeout;
-    let tick = idle_timeout
+    // Wakes the watchdog: idle connections, request heads that take too
+    // long after the first, and responses nobody takes. Each limit is
+    // seen within a quarter of it (half for send_timeout).
+    let (send_timeout, head_timeout) = (ctx.send_timeout, ctx.header_read_timeout);
+    let tick = (idle_timeout / 4)
         .min(send_timeout / 2)
+        .min(head_timeout / 4)
         .max(Duration::from_millis(10));
     let idle = tokio::time::sleep(tick);
     tokio::pin!(idle);
-    // The send watchdog's last look: frames sent, and since when that
-    // count has not moved while a response was being sent.
+    // The watchdog's last look: the activity count and since when it has
+    // not moved; when a pending request head was first seen.
+    let mut activity = 0;
+    let mut quiet_since = tokio::time::Instant::now();
+    let mut head_since: Option<tokio::time::Instant> = None;
+    // Frames sent, and since when that count has not moved while a
+    // response was being sent.
     let mut frames_seen = 0;
     let mut stalled_since: Option<tokio::time::Instant> = None;
     let mut closing = false;
@@ -178,6 +204,7 @@ pub(super) async fn serve<I>(
     }
     loop {
         tokio::select! {
+            biased;
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -201,16 +228,27 @@ pub(super) async fn serve<I>(
             }
             () = &mut idle, if !closing => {
                 let now = tokio::time::Instant::now();
-                match state.idle_for() {
-                    Some(d) if d >= idle_timeout => {
-                        tracing::debug!(%peer, "closing idle connection");
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                        hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
-                        hard_close_armed = true;
+                idle.as_mut().reset(now + tick);
+                let seen = state.activity.load(Ordering::Relaxed);
+                if seen != activity {
+                    activity = seen;
+                    quiet_since = now;
+                    head_since = None;
+                }
+                if state.head_pending() {
+                    // hyper's own per-request header timer is off (it costs
+                    // a timer per request): this is the slowloris guard
+                    // for every request head after the first.
+                    if now - *head_since.get_or_insert(now) >= head_timeout {
+                        tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
+                        break;
                     }
-                    Some(d) => idle.as_mut().reset(now + (idle_timeout - d).min(tick)),
-                    None => idle.as_mut().reset(now + tick),
+                } else if !state.busy() && now - quiet_since >= idle_timeout {
+                    tracing::debug!(%peer, "closing idle connection");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
+                    hard_close_armed = true;
                 }
                 let frames = state.frames_sent.load(Ordering::Relaxed);
                 if state.responding.load(Ordering::Relaxed) == 0 || frames != frames_seen {

@@ -572,7 +572,9 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(s.header_read_timeout)
+        // The connection watchdog times request heads (`conn`): hyper's
+        // timer would cost a timer per request.
+        .header_read_timeout(None)
         .keep_alive(true)
         // Headers past our own limit still get parsed, so the client gets
         // tollgate's 431 problem body; hyper's bare 431 is the backstop.

@@ -378,6 +378,7 @@ impl Pipeline {
                 conn.state.clone(),
                 self.metrics.clone(),
                 self.metrics.listener_index(&conn.listener),
+                req.version() == http::Version::HTTP_2,
             ),
         );
         let version = req.version();

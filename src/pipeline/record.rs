@@ -62,8 +62,9 @@ impl RequestEnd {
         conn: Arc<ConnState>,
         metrics: Arc<Metrics>,
         listener: Option<usize>,
+        h2: bool,
     ) -> Self {
-        conn.request_started();
+        conn.request_started(h2);
         RequestEnd {
             started,
             record,

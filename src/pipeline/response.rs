@@ -29,24 +29,39 @@ const X_WARNING: HeaderName = HeaderName::from_static("x-ratelimit-warning");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
-/// A problem body: `type`, `title`, `status`, `detail`, plus `limit` and
-/// `retry_after` when a limit is the cause.
+/// An RFC 9457 problem body, plus `limit` and `retry_after` when a limit
+/// is the cause. Serialised straight from borrowed fields: one buffer, no
+/// intermediate JSON value.
+#[derive(serde::Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
+}
+
 fn problem_body(
     status: StatusCode,
-    detail: String,
+    detail: &str,
     limit: Option<(&str, u64)>,
 ) -> Response<ProxyBody> {
-    let mut body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    if let Some((name, retry_after)) = limit {
-        body["limit"] = serde_json::Value::from(name);
-        body["retry_after"] = serde_json::Value::from(retry_after);
-    }
-    let mut resp = Response::new(ProxyBody::full(body.to_string()));
+    let problem = Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail,
+        limit: limit.map(|(name, _)| name),
+        retry_after: limit.map(|(_, after)| after),
+    };
+    let mut body = Vec::with_capacity(96 + detail.len());
+    // Writing plain strings and numbers into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut body, &problem);
+    let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     if let Some((_, retry_after)) = limit {
@@ -63,7 +78,7 @@ pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
         ProxyError::LimitUnavailable(LimiterError::Closed { limit, .. }) => Some((&**limit, 1)),
         _ => None,
     };
-    let mut resp = problem_body(err.status(), err.to_string(), limit);
+    let mut resp = problem_body(err.status(), &err.to_string(), limit);
     match err {
         ProxyError::Unauthorized(_) => {
             resp.headers_mut().insert(
@@ -88,7 +103,7 @@ pub fn rejected(
     route: Option<&RouteConfig>,
     applied: &[Applied],
 ) -> Response<ProxyBody> {
-    let mut resp = problem_body(r.status, r.detail.clone(), Some((&r.limit, r.retry_after)));
+    let mut resp = problem_body(r.status, &r.detail, Some((&r.limit, r.retry_after)));
     if let (true, Some(route)) = (r.route_limit, route) {
         add_headers(resp.headers_mut(), route.headers, route.warn_at, applied);
     }
