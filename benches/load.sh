@@ -17,7 +17,9 @@
 #           tollgate: one zone), and
 #   reject: a limit that rejects every request (429),
 # at 64 and 256 keep-alive connections; tollgate also with two tiers (a
-# zone and two route limits) and with the zone on Redis. Every run prints
+# zone and two route limits) and with the zone on Redis. At the end: the
+# peak RSS of each proxy, and a key churn (a million distinct keys through
+# a 10MB zone keyed by a header) to show memory stays bounded. Every run prints
 # requests/s, p50/p99 latency and the proxy's CPU time per request (user +
 # system, from /proc/<pid>/stat of every process of the proxy); the summary
 # gives medians over the repetitions and the tollgate / nginx ratios.
@@ -123,6 +125,17 @@ tollgate_config "$work/allow.yaml"  $((BASE_PORT + 11)) $((BASE_PORT + 51)) 1000
 tollgate_config "$work/reject.yaml" $((BASE_PORT + 12)) $((BASE_PORT + 52)) 1r/m no ""
 tollgate_config "$work/tiers.yaml"  $((BASE_PORT + 13)) $((BASE_PORT + 53)) 100000000r/s yes ""
 tollgate_config "$work/redis.yaml"  $((BASE_PORT + 14)) $((BASE_PORT + 54)) 100000000r/s no redis
+# Key churn: a zone keyed by a header every request sets to a new value,
+# in a 10MB zone (nginx's default size), to show memory stays bounded.
+tollgate_config "$work/churn.yaml"  $((BASE_PORT + 15)) $((BASE_PORT + 55)) 100000000r/s no ""
+sed -i 's/status: 429 }/status: 429, key: "header:x-client", size: 10MB }/' "$work/churn.yaml"
+cat > "$work/churn.lua" <<'LUA'
+counter = 0
+request = function()
+    counter = counter + 1
+    return wrk.format(nil, nil, { ["x-client"] = "client-" .. counter })
+end
+LUA
 sed "s/$((BASE_PORT + 11))/$((BASE_PORT + 21))/; s/$((BASE_PORT + 51))/$((BASE_PORT + 61))/" "$work/allow.yaml" > "$work/base-allow.yaml"
 sed "s/$((BASE_PORT + 12))/$((BASE_PORT + 22))/; s/$((BASE_PORT + 52))/$((BASE_PORT + 62))/" "$work/reject.yaml" > "$work/base-reject.yaml"
 
@@ -139,6 +152,7 @@ TG_REJECT=$(start_tollgate target/release/tollgate "$work/reject.yaml"); pids+=(
 TG_TIERS=$(start_tollgate target/release/tollgate "$work/tiers.yaml"); pids+=("$TG_TIERS")
 sleep 0.3
 TG_REDIS=$(start_tollgate target/release/tollgate "$work/redis.yaml"); pids+=("$TG_REDIS")
+TG_CHURN=$(start_tollgate target/release/tollgate "$work/churn.yaml"); pids+=("$TG_CHURN")
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -237,6 +251,27 @@ if [ -n "$DASHBOARD" ]; then
     compare "dashboard open: CPU per request vs closed" tollgate-allow-dash tollgate-allow 6
     compare "dashboard open: throughput vs closed" tollgate-allow-dash tollgate-allow 3
 fi
+
+# Peak resident memory (VmHWM, summed over the proxy's processes) after
+# all the runs above, c256 included.
+hwm() { # pids... -> MiB
+    local kb=0 p
+    for p in "$@"; do kb=$((kb + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done
+    awk -v k="$kb" 'BEGIN { printf "%.1f", k / 1024 }'
+}
+echo
+echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
+# 1M distinct keys through a 10MB zone: memory stays bounded by the zone.
+churned=0
+before=$(hwm "$TG_CHURN")
+while [ "$churned" -lt 1000000 ]; do
+    n=$(on_core1 wrk -t1 -c64 -d10s -s "$work/churn.lua" "http://127.0.0.1:$((BASE_PORT + 15))/" | awk '/requests in/ {print $1}')
+    churned=$((churned + n))
+    [ "$n" -gt 0 ] || break
+done
+keys=$(curl -s "http://127.0.0.1:$((BASE_PORT + 55))/metrics" | awk '/^tollgate_zone_keys\{/ {print $2}')
+evicted=$(curl -s "http://127.0.0.1:$((BASE_PORT + 55))/metrics" | awk '/^tollgate_zone_evictions_total\{/ {print $2}')
+echo "key churn: $churned requests with distinct keys, 10MB zone: peak RSS $before -> $(hwm "$TG_CHURN") MiB, keys tracked ${keys:-?}, evicted ${evicted:-?}"
 redis-cli -p "$REDIS" config resetstat >/dev/null
 requests=$(on_core1 wrk -t1 -c64 -d2s "http://127.0.0.1:$((BASE_PORT + 14))/" | awk '/requests in/ {print $1}')
 calls=$(redis-cli -p "$REDIS" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}')

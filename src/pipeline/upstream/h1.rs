@@ -22,6 +22,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
+use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -43,6 +44,9 @@ const MAX_LINE: usize = 4096;
 /// First read size; doubled while reads fill it, up to `MAX_READ`.
 const FIRST_READ: usize = 8 << 10;
 const MAX_READ: usize = 256 << 10;
+/// A body read whole with its head up to this size is copied out, so the
+/// read buffer stays the connection's own and is reused.
+const COPY_BODY: usize = 16 << 10;
 
 /// The socket to one upstream target.
 pub enum Io {
@@ -353,7 +357,7 @@ pub async fn exchange(
     body: Option<RequestBody>,
     chunked: bool,
     method: &Method,
-    pool: &Arc<Pool>,
+    (pool, sent_at): (&Arc<Pool>, Instant),
 ) -> Result<Answer, SendError> {
     let mut writer = Some(Writer {
         out: VecDeque::from([head]),
@@ -417,9 +421,17 @@ pub async fn exchange(
     // goes back before the client is even answered.
     if let (Framing::Length(n), None) = (framing, &writer) {
         if n <= conn.read.len() as u64 {
-            let data = conn.read.split_to(n as usize).freeze();
+            // Copied for the same reason as the head, when small.
+            let data = match n as usize {
+                n if n <= COPY_BODY => {
+                    let data = Bytes::copy_from_slice(&conn.read[..n]);
+                    conn.read.advance(n);
+                    data
+                }
+                n => conn.read.split_to(n).freeze(),
+            };
             if keep_alive && conn.read.is_empty() {
-                pool.put(conn);
+                pool.put(conn, sent_at);
             }
             let (parts, ()) = response.into_parts();
             return Ok(Answer::Response(Response::from_parts(
@@ -437,6 +449,7 @@ pub async fn exchange(
             framing,
             keep_alive,
             pool: pool.clone(),
+            sent_at,
         })),
     )))
 }
@@ -485,7 +498,11 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
                 Ok((name, start, start + h.value.len()))
             })
             .collect::<Result<_, String>>()?;
-        let head = read.split_to(len).freeze();
+        // Copied out (one small allocation) rather than split off: a slice
+        // would share the read buffer, and the next read would have to
+        // allocate a new one while the response's headers live.
+        let head = Bytes::copy_from_slice(&read[..len]);
+        read.advance(len);
         if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
             continue;
         }
@@ -595,6 +612,9 @@ pub struct Reading {
     framing: Framing,
     keep_alive: bool,
     pool: Arc<Pool>,
+    /// When the request went out: the pool's idle clock for the
+    /// connection (a little early, so on the safe side).
+    sent_at: Instant,
 }
 
 /// Why an upstream body stopped early.
@@ -735,10 +755,11 @@ impl Reading {
             writer,
             keep_alive,
             pool,
+            sent_at,
             ..
         } = self;
         if keep_alive && writer.is_none() && conn.read.is_empty() {
-            pool.put(conn);
+            pool.put(conn, sent_at);
         }
     }
 }

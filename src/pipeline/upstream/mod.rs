@@ -134,8 +134,8 @@ impl Upstream {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
     /// Sends `req` and waits for the response head. `chosen` records the
@@ -154,10 +154,12 @@ impl Upstream {
         let chunked = !bodiless && length.is_none() && !parts.headers.contains_key(CONTENT_LENGTH);
         let mut body = (!bodiless).then_some(body);
         let target_host = !parts.headers.contains_key(HOST);
+        // The one clock read of the attempt: cool-downs, the pool's idle
+        // ages and the duration all measure from it.
         let sending = Instant::now();
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
-        let now = self.now_ms();
+        let now = self.ms_at(sending);
         let mut last_connect_error = String::from("no target configured");
         // Targets already tried for this request (the first 64 are tracked).
         let mut tried: u64 = 0;
@@ -178,7 +180,7 @@ impl Upstream {
                 let mut pooled_first = true;
                 loop {
                     let idle = if pooled_first {
-                        target.pool.take()
+                        target.pool.take(sending)
                     } else {
                         None
                     };
@@ -192,7 +194,7 @@ impl Upstream {
                             }
                             Err(e) => {
                                 target.down_until_ms.store(
-                                    self.now_ms() + self.cooldown.as_millis() as u64,
+                                    self.ms_at(Instant::now()) + self.cooldown.as_millis() as u64,
                                     Ordering::Relaxed,
                                 );
                                 target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
@@ -212,7 +214,7 @@ impl Upstream {
                         body.take(),
                         chunked,
                         &parts.method,
-                        &target.pool,
+                        (&target.pool, sending),
                     );
                     match tokio::time::timeout(self.timeout, exchange).await {
                         Err(_) => {

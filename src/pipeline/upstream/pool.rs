@@ -64,22 +64,20 @@ impl Pool {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Puts a connection back for the next request, if there is room.
-    pub fn put(&self, conn: Conn) {
+    /// Puts a connection back for the next request, if there is room;
+    /// `since` is when it was last used (no clock is read here).
+    pub fn put(&self, conn: Conn, since: Instant) {
         let mut idle = self.lock();
         if idle.len() < self.max_idle {
-            idle.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            idle.push(Idle { conn, since });
         }
     }
 
-    /// The freshest idle connection that is still open.
-    pub fn take(&self) -> Option<Conn> {
+    /// The freshest idle connection that is still open at `now`.
+    pub fn take(&self, now: Instant) -> Option<Conn> {
         let mut idle = self.lock();
         while let Some(mut c) = idle.pop() {
-            if c.since.elapsed() > self.idle_timeout {
+            if now.saturating_duration_since(c.since) > self.idle_timeout {
                 // Everything below is older still.
                 idle.clear();
                 return None;
