@@ -139,29 +139,11 @@ pub fn server_config(
     Ok((Arc::new(config), names))
 }
 
-/// The DNS names (and IP addresses, as text) in a certificate's SAN list.
+/// The DNS names (wildcards included) in a certificate's SAN list, read by
+/// the X.509 parser rustls itself uses. (SNI carries no IP address, so IP
+/// SANs select nothing.)
 fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, String> {
-    use x509_parser::extensions::GeneralName;
-    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+    let cert = webpki::EndEntityCert::try_from(der)
         .map_err(|e| format!("not a valid X.509 certificate: {e}"))?;
-    let mut names = Vec::new();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for name in &san.value.general_names {
-            match name {
-                GeneralName::DNSName(n) => names.push((*n).to_owned()),
-                GeneralName::IPAddress(bytes) => {
-                    let ip = match bytes.len() {
-                        4 => <[u8; 4]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
-                        16 => <[u8; 16]>::try_from(*bytes)
-                            .ok()
-                            .map(std::net::IpAddr::from),
-                        _ => None,
-                    };
-                    names.extend(ip.map(|ip| ip.to_string()));
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(names)
+    Ok(cert.valid_dns_names().map(str::to_owned).collect())
 }

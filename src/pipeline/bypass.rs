@@ -67,13 +67,13 @@ pub fn token_matches(hashes: &[[u8; 32]], token: &[u8]) -> bool {
 /// Which of `hashes` is `token`'s SHA-256 digest, compared like
 /// [`token_matches`]: every hash, in constant time.
 pub fn matching_token(hashes: &[[u8; 32]], token: &[u8]) -> Option<usize> {
+    use subtle::ConstantTimeEq;
     let digest: [u8; 32] = Sha256::digest(token).into();
-    hashes.iter().enumerate().fold(
-        None,
-        |hit, (i, h)| if ct_eq(h, &digest) { Some(i) } else { hit },
-    )
-}
-
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    hashes.iter().enumerate().fold(None, |hit, (i, h)| {
+        if bool::from(h.ct_eq(&digest)) {
+            Some(i)
+        } else {
+            hit
+        }
+    })
 }

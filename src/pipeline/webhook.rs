@@ -11,7 +11,7 @@
 //! layer: the body is read (up to the route's size limit), its HMAC-SHA256
 //! compared in constant time, and only then forwarded.
 
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::{Hmac, Mac};
 use http::HeaderMap;
 use sha2::Sha256;
 
@@ -55,7 +55,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 fn mac_ok(secret: &[u8], parts: &[&[u8]], signature: &[u8]) -> bool {
-    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(secret) else {
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret) else {
         return false;
     };
     for p in parts {
@@ -118,7 +118,7 @@ pub fn verify(
 
 /// The hex HMAC-SHA256 of `parts` (for tests and tools).
 pub fn sign(secret: &[u8], parts: &[&[u8]]) -> String {
-    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(secret) else {
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret) else {
         return String::new();
     };
     for p in parts {
