@@ -1,11 +1,9 @@
 //! WebSocket and other `Upgrade` requests are tunnelled only after the
 //! upstream answers 101; a refused upgrade leaves an ordinary HTTP exchange.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;

@@ -5,10 +5,8 @@
 //! sees the Host of the target actually used, and a refused request is
 //! logged with its route.
 
-mod common;
-
-use common::process::Running;
-use common::*;
+use crate::common::process::Running;
+use crate::common::*;
 use jsonwebtoken::{encode, EncodingKey, Header};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test";

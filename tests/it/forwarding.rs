@@ -2,9 +2,7 @@
 //! HTTP/2, and the upstream sees tollgate's forwarding headers, never the
 //! client's.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn proxied_with_canned(up: &Upstream) -> String {
     config(&format!(

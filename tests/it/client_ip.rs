@@ -3,11 +3,9 @@
 //! protocol sets the client only from trusted peers, and invalid tokens are
 //! refused under `on_invalid: reject`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

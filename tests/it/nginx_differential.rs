@@ -17,14 +17,12 @@
 //! Steady streams stay under the rate, where every request passes with a
 //! whole request to spare.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// nginx running on a rewritten corpus config, stopped when dropped.
 struct Nginx {

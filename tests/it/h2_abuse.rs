@@ -4,11 +4,9 @@
 //! (GOAWAY, a refused stream, or the connection closed) within its stated
 //! bound, and other clients are served all along.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -267,7 +265,7 @@ async fn header_blocks_over_twice_the_limit_are_refused_by_the_h2_layer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_leave_the_process_memory_flat() {
     let up = Upstream::spawn().await;
-    let run = common::process::Running::start(&format!(
+    let run = crate::common::process::Running::start(&format!(
         "server: {{ max_header_size: 8KB, idle_timeout: 2s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
         up.addr
     ));

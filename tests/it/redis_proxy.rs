@@ -2,14 +2,12 @@
 //! flushed mid-load, never reachable, or flooded by one key; and the
 //! all-or-nothing rule across Redis Cluster slots.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
-use common::*;
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::*;
 use http::StatusCode;
 
 /// A port nothing listens on.

@@ -4,12 +4,10 @@
 //! YAML is the reviewed one (`expected.yaml`); what cannot be translated is
 //! named with its file and line.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// Every case and the exit code its import must give.
 const CASES: [(&str, i32); 9] = [

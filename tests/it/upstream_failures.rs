@@ -2,14 +2,12 @@
 //! problem body, never a hang and never a truncated response that looks
 //! complete; retries never replay a request that may have been processed.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;

@@ -2,12 +2,10 @@
 //! Cluster): 1,000 concurrent requests on one key against a limit of 100
 //! per minute admit exactly 100, trial after trial.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::redis::{RedisCluster, RedisServer};
-use common::*;
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::*;
 use http::StatusCode;
 
 const TRIALS: usize = 20;

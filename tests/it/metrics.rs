@@ -3,13 +3,11 @@
 //! exposition passes `promtool check metrics`, and no client IP or token
 //! appears in it.
 
-mod common;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const TOKEN: &str = "monitoring-token-0123456789";
 
@@ -261,7 +259,7 @@ routes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_breaker_metrics_follow_a_redis_outage() {
-    let mut redis = common::redis::RedisServer::start();
+    let mut redis = crate::common::redis::RedisServer::start();
     let proxy = TestProxy::spawn(&format!(
         "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
 admin: {{ bind: '127.0.0.1:0' }}

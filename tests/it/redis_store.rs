@@ -2,11 +2,9 @@
 //! memory store for the same traces, every key with a TTL, and the script
 //! reloaded transparently after `SCRIPT FLUSH`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::redis::RedisServer;
+use crate::common::redis::RedisServer;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tollgate::limiter::memory::{MemoryStore, ZoneSpec};

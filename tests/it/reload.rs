@@ -6,16 +6,14 @@
 //! reloads under HTTP/1.1 and HTTP/2 keep-alive load fail no request; and
 //! SIGHUP reloads the real binary.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
-use common::*;
+use crate::common::redis::RedisServer;
+use crate::common::*;
 use http::StatusCode;
 
 /// A config file in a temp dir, rewritten by the test between reloads.

@@ -4,11 +4,9 @@
 //! answer the client can read (lingering close), and a refused POST that
 //! keeps its keep-alive connection.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

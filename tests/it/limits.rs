@@ -2,11 +2,9 @@
 //! named route limits with standard headers, outcome-counting limits, path
 //! aliases, bypass tokens, webhook sources and signatures, dry run.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn with(up: &Upstream, rest: &str) -> String {
     config(&format!(

@@ -11,14 +11,12 @@
 //!   planted offender: the offender is in its top-offenders table, the
 //!   rejected count is above zero, the page throws nothing.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::browser::Browser;
-use common::redis::{RedisCluster, RedisServer};
-use common::*;
+use crate::common::browser::Browser;
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::*;
 use http::StatusCode;
 use serde_json::Value;
 

@@ -2,9 +2,7 @@
 //! certificate (the first is the default), ALPN negotiates h2, and
 //! `X-Forwarded-Proto` says https.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::pem::PemObject;
 

@@ -1,11 +1,9 @@
 //! Connection and request limits: slowloris, oversize headers and bodies,
 //! idle connections, and the global connection cap.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

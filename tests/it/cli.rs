@@ -1,12 +1,10 @@
 //! The `tollgate` binary as an operator uses it: `check`, `--version`, `run`
 //! with SIGTERM, and flat memory while large bodies stream through.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn check_reports_every_mistake_with_its_path() {
@@ -236,7 +234,7 @@ async fn the_access_log_has_one_json_event_per_request() {
 
 #[test]
 fn check_connect_reaches_redis_or_says_why_not() {
-    let redis = common::redis::RedisServer::start();
+    let redis = crate::common::redis::RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let yaml = |url: &str| {
         format!(

@@ -4,14 +4,12 @@
 //! request is still being sent is relayed both ways at once, and an idle
 //! connection the upstream closed is not written into.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};

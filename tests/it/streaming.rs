@@ -1,8 +1,6 @@
 //! Bodies stream both ways: 100 MB up and down, checksummed at both ends.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 

@@ -1,0 +1,28 @@
+//! The integration tests, one binary: every file below is a module, so
+//! the suite compiles and links the crate once. Real sockets on 127.0.0.1,
+//! real upstreams, `redis-server`, nginx and Chromium; nothing is mocked.
+
+mod common;
+
+mod admin;
+mod cli;
+mod client_ip;
+mod forwarding;
+mod framing;
+mod h2_abuse;
+mod import_nginx;
+mod limits;
+mod metrics;
+mod nginx_differential;
+mod parsers;
+mod protection;
+mod redis_proxy;
+mod redis_replicas;
+mod redis_store;
+mod reload;
+mod request_order;
+mod streaming;
+mod tls;
+mod upgrades;
+mod upstream_failures;
+mod upstream_h1;
