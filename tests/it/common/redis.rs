@@ -1,6 +1,9 @@
 //! Real `redis-server` processes for the tests: one node, or a 3-node
 //! cluster built with `redis-cli --cluster create`, each on free loopback
-//! ports, with no persistence, killed when dropped.
+//! ports, with no persistence, killed when dropped. A port taken between
+//! picking it and the server binding it is picked again; each server logs
+//! to its temp dir, and the log is printed when it fails to start or when
+//! the test using it fails.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -55,24 +58,46 @@ impl RedisServer {
     fn launch(cluster: bool, args: impl Fn(u16) -> (Vec<String>, Vec<String>)) -> RedisServer {
         need("redis-server");
         need("redis-cli");
-        let port = free_port();
-        let (extra, cli_extra) = args(port);
-        let mut server = RedisServer {
-            port,
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            cluster,
-            extra,
-            cli_extra,
-        };
-        server.restart();
-        server
+        let mut tries = 0;
+        loop {
+            let port = free_port();
+            let (extra, cli_extra) = args(port);
+            let mut server = RedisServer {
+                port,
+                child: None,
+                dir: tempfile::tempdir().unwrap(),
+                cluster,
+                extra,
+                cli_extra,
+            };
+            match server.try_start() {
+                Ok(()) => return server,
+                // Someone took the port meanwhile: another one.
+                Err(log) if log.contains("Address already in use") && tries < 5 => tries += 1,
+                Err(log) => panic!("redis-server did not start on {port}; its log:\n{log}"),
+            }
+        }
     }
 
-    /// Starts (again) on the same port, empty. Blocks up to 10 s: a test
-    /// set-up step, brief enough to run on a runtime worker.
-    #[allow(clippy::disallowed_methods)]
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// Starts (again) on the same port, empty.
     pub fn restart(&mut self) {
+        if let Err(log) = self.try_start() {
+            panic!(
+                "redis-server did not start again on {}; its log:\n{log}",
+                self.port
+            );
+        }
+    }
+
+    /// Starts the server and waits until it answers, or it exits (its log
+    /// is the error). Blocks up to 10 s: a test set-up step, brief enough
+    /// to run on a runtime worker.
+    #[allow(clippy::disallowed_methods)]
+    fn try_start(&mut self) -> Result<(), String> {
         let port = self.port.to_string();
         let mut args = vec![
             "--port",
@@ -85,6 +110,8 @@ impl RedisServer {
             "no",
             "--protected-mode",
             "no",
+            "--logfile",
+            "redis.log",
         ];
         if self.cluster {
             args.extend(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
@@ -100,12 +127,18 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.try_cli(&["PING"]).as_deref() != Some("PONG") {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on {port}"
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                self.kill();
+                return Err(self.log());
+            }
+            // Polls the server until it is up, not ordering test events.
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     pub fn url(&self) -> String {
@@ -159,7 +192,6 @@ impl RedisServer {
             .count()
     }
 
-    /// SIGKILL: the server is gone at once, connections reset.
     /// Connected clients as `(deciding, subscribed)`: connections that send
     /// commands, and pub/sub subscriptions (resets); `redis-cli` asking is
     /// not counted.
@@ -171,6 +203,7 @@ impl RedisServer {
         (deciding.len(), subscribed.len())
     }
 
+    /// SIGKILL: the server is gone at once, connections reset.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -192,6 +225,9 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("redis-server on {} logged:\n{}", self.port, self.log());
+        }
         if let Some(c) = &self.child {
             let _ = Command::new("kill")
                 .args(["-CONT", &c.id().to_string()])
