@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
 /// A port with nothing listening on it.
@@ -135,19 +135,9 @@ async fn closes_reused_connections() -> (SocketAddr, Arc<AtomicUsize>) {
             let count = count.clone();
             tokio::spawn(async move {
                 let mut r = BufReader::new(tcp);
-                let mut content_length = 0usize;
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        content_length = v.trim().parse().unwrap_or(0);
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                }
+                let Some((_, content_length)) = read_head(&mut r).await else {
+                    return;
+                };
                 let mut body = vec![0; content_length];
                 r.read_exact(&mut body).await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);

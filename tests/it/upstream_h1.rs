@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
@@ -83,25 +83,10 @@ impl Scripted {
 
 /// Reads one request (head and `Content-Length` body): its path.
 async fn read_request(r: &mut BufReader<TcpStream>) -> Option<String> {
-    let mut path = None;
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        if path.is_none() {
-            path = line.split(' ').nth(1).map(str::to_owned);
-        } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().ok()?;
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
+    let (path, length) = read_head(r).await?;
     let mut body = vec![0; length];
     r.read_exact(&mut body).await.ok()?;
-    path
+    Some(path)
 }
 
 fn proxy_to(up: SocketAddr) -> String {
@@ -260,19 +245,9 @@ async fn echoing_while_reading() -> SocketAddr {
         while let Ok((tcp, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut r = BufReader::new(tcp);
-                let mut length = 0usize;
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap();
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                }
+                let Some((_, mut length)) = read_head(&mut r).await else {
+                    return;
+                };
                 let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
                 if r.get_mut().write_all(head).await.is_err() {
                     return;

@@ -159,6 +159,29 @@ pub fn chunked(pieces: Vec<&'static [u8]>) -> ClientBody {
 
 // -------------------------------------------------------------- upstream
 
+/// For upstreams written byte by byte: reads one request head, returning
+/// its target and its `Content-Length` (0 without one); `None` when the
+/// peer closed or sent no HTTP head.
+pub async fn read_head(r: &mut tokio::io::BufReader<TcpStream>) -> Option<(String, usize)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut target = None;
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        if target.is_none() {
+            target = line.split(' ').nth(1).map(str::to_owned);
+        } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().ok()?;
+        }
+        if line == "\r\n" {
+            return Some((target?, length));
+        }
+    }
+}
+
 /// A hyper upstream on 127.0.0.1 that echoes requests as JSON and has a
 /// few misbehaving paths. Stops when dropped.
 pub struct Upstream {
