@@ -68,12 +68,22 @@ fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
 /// hop-by-hop set.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::CONNECTION) {
+        // `keep-alive`, `close` and `upgrade`, the usual tokens, name
+        // nothing beyond the fixed set removed below: no header name is
+        // built (and allocated) for them.
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter(|t| {
+                !t.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| t.eq_ignore_ascii_case(h.as_str()))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             .collect();
         for name in named {
             headers.remove(name);

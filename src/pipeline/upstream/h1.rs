@@ -217,6 +217,10 @@ impl std::fmt::Display for SendError {
 /// The request on its way out: the head, then the body (chunked when its
 /// length is unknown).
 struct Writer {
+    /// The head, until it is written (apart from `out`: a bodiless
+    /// request then allocates no queue).
+    head: Bytes,
+    /// Body pieces (with their chunk framing) waiting to be written.
     out: VecDeque<Bytes>,
     body: Option<RequestBody>,
     chunked: bool,
@@ -236,18 +240,18 @@ impl Writer {
 
     /// Writes what it can: `Ready(Ok)` once the whole request is out.
     fn poll(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
-        if !self.wrote && self.body.is_some() && self.out.len() == 1 {
+        if !self.wrote && self.body.is_some() && self.out.is_empty() {
             // The head waits for the body's first piece: they go out in
             // one write, and a body that fails at once (a malformed chunk)
             // sends the upstream nothing at all.
             ready!(self.pull(cx))?;
         }
         loop {
-            while !self.out.is_empty() {
+            while !self.head.is_empty() || !self.out.is_empty() {
                 let mut slices = [IoSlice::new(&[]); 4];
-                let n = self
-                    .out
-                    .iter()
+                let n = std::iter::once(&self.head)
+                    .filter(|h| !h.is_empty())
+                    .chain(self.out.iter())
                     .zip(slices.iter_mut())
                     .map(|(b, s)| *s = IoSlice::new(b))
                     .count();
@@ -261,6 +265,9 @@ impl Writer {
                     Err(error) => return Poll::Ready(Err(self.failed(error))),
                 };
                 self.wrote = true;
+                let take = written.min(self.head.len());
+                self.head.advance(take);
+                written -= take;
                 while written > 0 {
                     let Some(front) = self.out.front_mut() else {
                         break;
@@ -360,7 +367,8 @@ pub async fn exchange(
     (pool, sent_at): (&Arc<Pool>, Instant),
 ) -> Result<Answer, SendError> {
     let mut writer = Some(Writer {
-        out: VecDeque::from([head]),
+        head,
+        out: VecDeque::new(),
         body,
         chunked,
         wrote: false,
@@ -486,32 +494,26 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
-        // Where each field sits in the head, to slice it out shared.
-        let base = read.as_ptr() as usize;
-        let spans: Vec<(HeaderName, usize, usize)> = parsed
-            .headers
-            .iter()
-            .map(|h| {
-                let name = HeaderName::from_bytes(h.name.as_bytes())
-                    .map_err(|_| format!("bad header name {:?}", h.name))?;
-                let start = h.value.as_ptr() as usize - base;
-                Ok((name, start, start + h.value.len()))
-            })
-            .collect::<Result<_, String>>()?;
-        // Copied out (one small allocation) rather than split off: a slice
-        // would share the read buffer, and the next read would have to
-        // allocate a new one while the response's headers live.
-        let head = Bytes::copy_from_slice(&read[..len]);
-        read.advance(len);
         if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            read.advance(len);
             continue;
         }
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        for (name, start, end) in spans {
-            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+        // Copied out (one small allocation) rather than split off: a slice
+        // would share the read buffer, and the next read would have to
+        // allocate a new one while the response's headers live. The
+        // values are slices of the copy.
+        let head = Bytes::copy_from_slice(&read[..len]);
+        let base = read.as_ptr() as usize;
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        for h in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("bad header name {:?}", h.name))?;
+            let start = h.value.as_ptr() as usize - base;
+            let value = HeaderValue::from_maybe_shared(head.slice(start..start + h.value.len()))
                 .map_err(|_| format!("bad value for header {name}"))?;
             headers.append(name, value);
         }
+        read.advance(len);
         let (framing, mut keep_alive) = framing(&headers, status, method)?;
         if headers.contains_key(TRANSFER_ENCODING) {
             // The transfer coding wins; a length beside it is a lie the
