@@ -44,8 +44,6 @@ pub struct ConnState {
     /// Request starts and finishes, ever: the watchdog sees idleness as
     /// this not moving (no clock read per request).
     activity: AtomicU64,
-    /// Whether a request head has arrived on this connection yet.
-    started: AtomicBool,
     /// HTTP/2: no request-head timer between requests.
     h2: AtomicBool,
     /// Bytes arrived since the last request started: with nothing in
@@ -71,7 +69,6 @@ impl ConnState {
         ConnState {
             in_flight: AtomicUsize::new(0),
             activity: AtomicU64::new(0),
-            started: AtomicBool::new(false),
             h2: AtomicBool::new(false),
             reading: AtomicBool::new(false),
             linger: AtomicBool::new(false),
@@ -82,7 +79,6 @@ impl ConnState {
     }
 
     pub fn request_started(&self, h2: bool) {
-        self.started.store(true, Ordering::Relaxed);
         if h2 {
             self.h2.store(true, Ordering::Relaxed);
         }
@@ -126,6 +122,11 @@ impl ConnState {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether a request head has arrived on this connection yet.
+    fn started(&self) -> bool {
+        self.activity.load(Ordering::Relaxed) > 0
+    }
+
     /// Whether a request is in flight.
     fn busy(&self) -> bool {
         self.in_flight.load(Ordering::Relaxed) > 0
@@ -134,7 +135,7 @@ impl ConnState {
     /// HTTP/1.1 with nothing in flight and bytes in: a request head that
     /// has not completed yet.
     fn head_pending(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
+        self.started()
             && !self.h2.load(Ordering::Relaxed)
             && self.reading.load(Ordering::Relaxed)
             && !self.busy()
@@ -213,7 +214,7 @@ pub(super) async fn serve<I>(
             }
             () = &mut first_head, if awaiting_first => {
                 awaiting_first = false;
-                if !state.started.load(Ordering::Relaxed) {
+                if !state.started() {
                     tracing::debug!(%peer, "no request head within header_read_timeout; closing");
                     break;
                 }

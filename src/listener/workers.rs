@@ -35,24 +35,25 @@ impl Workers {
 
     /// Starts `n` workers (none for `n <= 1`).
     pub fn start(n: usize) -> std::io::Result<Workers> {
+        if n <= 1 {
+            return Ok(Workers::single());
+        }
         let (stop, stopped) = watch::channel(false);
         let mut handles = Vec::new();
-        if n > 1 {
-            for i in 0..n {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                handles.push(runtime.handle().clone());
-                let mut stopped = stopped.clone();
-                std::thread::Builder::new()
-                    .name(format!("tollgate-worker-{i}"))
-                    .spawn(move || {
-                        runtime.block_on(async move {
-                            // Ends when the sender is dropped.
-                            while stopped.changed().await.is_ok() {}
-                        })
-                    })?;
-            }
+        for i in 0..n {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let mut stopped = stopped.clone();
+            std::thread::Builder::new()
+                .name(format!("tollgate-worker-{i}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        // Ends when the sender is dropped.
+                        while stopped.changed().await.is_ok() {}
+                    })
+                })?;
         }
         Ok(Workers {
             handles,

@@ -230,31 +230,21 @@ impl Upstream {
                             return Ok(answer);
                         }
                         Ok(Err(SendError::Body(e))) => return Err(body_error(e)),
+                        // A pooled connection the upstream closed under
+                        // us: send again on a fresh one if nothing reached
+                        // the upstream, or if the request is idempotent and
+                        // bodiless.
                         Ok(Err(SendError::Io {
                             error,
                             wrote,
                             received,
                             unsent,
-                        })) => {
-                            // A pooled connection the upstream closed under
-                            // us: send again on a fresh one if nothing
-                            // reached the upstream, or if the request is
-                            // idempotent and bodiless.
-                            if reused && !received && (!wrote || replayable) {
-                                tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
-                                target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
-                                body = unsent;
-                                pooled_first = false;
-                                continue;
-                            }
-                            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
-                            let e = SendError::Io {
-                                error,
-                                wrote,
-                                received,
-                                unsent: None,
-                            };
-                            return Err(self.failed(e));
+                        })) if reused && !received && (!wrote || replayable) => {
+                            tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
+                            target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
+                            body = unsent;
+                            pooled_first = false;
+                            continue;
                         }
                         Ok(Err(e)) => {
                             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
