@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, HOST};
@@ -21,6 +21,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::config::{AlertKind, AlertWebhook, AlertsConfig};
 use crate::metrics::top::Sketch;
 
@@ -64,6 +65,8 @@ pub struct Alerts {
     /// Per metrics limit index: the rules watching it.
     by_limit: Vec<Vec<usize>>,
     cooldown: Duration,
+    /// What windows and cool-downs are timed by.
+    clock: Clock,
     queue: Option<mpsc::Sender<Alert>>,
     /// Per rule; shared with the alerts of the config a reload replaced
     /// (by rule name), like the two below: a reload resets no count.
@@ -77,8 +80,13 @@ pub struct Alerts {
 impl Alerts {
     /// `limits` are the metrics limit names, in metrics order; counts
     /// carry on from `previous` (the running config's alerts).
-    pub fn new(cfg: &AlertsConfig, limits: &[Arc<str>], previous: Option<&Alerts>) -> Arc<Self> {
-        let now = Instant::now();
+    pub fn new(
+        cfg: &AlertsConfig,
+        limits: &[Arc<str>],
+        previous: Option<&Alerts>,
+        clock: &Clock,
+    ) -> Arc<Self> {
+        let now = clock.now();
         let rules: Vec<Rule> = cfg
             .rules
             .iter()
@@ -132,6 +140,7 @@ impl Alerts {
             rules,
             by_limit,
             cooldown: cfg.cooldown,
+            clock: clock.clone(),
             queue,
             deliveries: previous.map(|p| p.deliveries.clone()).unwrap_or_default(),
             latest: previous.map(|p| p.latest.clone()).unwrap_or_else(|| {
@@ -159,7 +168,7 @@ impl Alerts {
         };
         for &i in rules {
             let rule = &self.rules[i];
-            let now = Instant::now();
+            let now = self.clock.now();
             let fired = {
                 let mut w = rule.window.lock().unwrap_or_else(|e| e.into_inner());
                 if now.duration_since(w.started) >= rule.per {
@@ -237,9 +246,7 @@ impl Alerts {
             if latest.len() == LATEST {
                 latest.pop_front();
             }
-            let at_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
+            let at_ms = self.clock.unix_ms();
             latest.push_back((at_ms, alert.clone()));
         }
         if let Some(q) = &self.queue {
@@ -277,9 +284,7 @@ impl Alerts {
 
 /// The JSON body (or Slack's `{"text": ...}`) for an alert.
 pub fn payload(alert: &Alert, slack: bool) -> String {
-    let at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let at = crate::clock::unix_ms() / 1000;
     if slack {
         return serde_json::json!({
             "text": format!(

@@ -48,6 +48,7 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod import;

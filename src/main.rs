@@ -165,6 +165,7 @@ fn check_store(config: &Config) -> ExitCode {
         let engine = tollgate::limiter::engine::Engine::open(
             config.store.redis.as_ref(),
             &config.store_zones,
+            tollgate::clock::Clock::system(),
         )
         .await?;
         match engine.redis() {

@@ -17,6 +17,7 @@ use super::redis::{RedisOptions, RedisStore};
 use super::{
     decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
 };
+use crate::clock::Clock;
 use crate::metrics::{Histogram, HistogramSnapshot, CALL_BOUNDS};
 
 pub struct Engine {
@@ -43,9 +44,9 @@ struct Stats {
 impl Engine {
     /// A memory store with one partition per zone spec, and `redis` when
     /// limits are shared.
-    pub fn new(zones: &[ZoneSpec], redis: Option<RedisStore>) -> Self {
+    pub fn new(zones: &[ZoneSpec], redis: Option<RedisStore>, clock: Clock) -> Self {
         Engine {
-            memory: MemoryStore::new(zones),
+            memory: MemoryStore::with_clock(zones, clock),
             redis,
             stats: Arc::new(Stats {
                 degraded: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -69,7 +70,7 @@ impl Engine {
         let store = match (redis, &self.redis) {
             (None, _) => None,
             (Some(o), Some(r)) if r.options() == o => Some(r.reloaded(zones)),
-            (Some(o), _) => Some(connect(o, zones).await?),
+            (Some(o), _) => Some(connect(o, zones, self.clock()).await?),
         };
         Ok(Engine {
             memory: self.memory.reloaded(zones, carry),
@@ -80,12 +81,22 @@ impl Engine {
 
     /// Connects Redis when `redis` is set. An unreachable Redis is logged,
     /// not fatal: limits follow `on_error` until it answers.
-    pub async fn open(redis: Option<&RedisOptions>, zones: &[ZoneSpec]) -> Result<Self, String> {
+    /// Every decision and expiry reads `clock`.
+    pub async fn open(
+        redis: Option<&RedisOptions>,
+        zones: &[ZoneSpec],
+        clock: Clock,
+    ) -> Result<Self, String> {
         let store = match redis {
-            Some(options) => Some(connect(options, zones).await?),
+            Some(options) => Some(connect(options, zones, &clock).await?),
             None => None,
         };
-        Ok(Engine::new(zones, store))
+        Ok(Engine::new(zones, store, clock))
+    }
+
+    /// The clock its decisions read (and what else the request path times).
+    pub fn clock(&self) -> &Clock {
+        self.memory.clock()
     }
 
     /// The Redis store, when limits are shared through Redis.
@@ -218,8 +229,12 @@ impl Engine {
 
 /// Connects Redis; an unreachable Redis is logged, not fatal: limits
 /// follow `on_error` until it answers.
-async fn connect(options: &RedisOptions, zones: &[ZoneSpec]) -> Result<RedisStore, String> {
-    let (store, warning) = RedisStore::connect(options, zones).await?;
+async fn connect(
+    options: &RedisOptions,
+    zones: &[ZoneSpec],
+    clock: &Clock,
+) -> Result<RedisStore, String> {
+    let (store, warning) = RedisStore::connect(options, zones, clock).await?;
     match warning {
         Some(why) => tracing::warn!(
             error = %why,
@@ -249,9 +264,9 @@ impl Store for Engine {
             self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
             return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
         };
-        let started = std::time::Instant::now();
+        let started = self.clock().now();
         let decided = redis.decide(checks).await;
-        self.stats.durations.observe(started.elapsed());
+        self.stats.durations.observe(self.clock().now() - started);
         match decided {
             Ok(outcome) => {
                 self.stats.calls[0].fetch_add(1, Ordering::Relaxed);

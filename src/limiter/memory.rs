@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+
+use crate::clock::Clock;
 
 use super::algorithm::{Algorithm, State};
 use super::{Check, Decision, LimiterError, Outcome, Store};
@@ -46,6 +48,7 @@ pub struct MemoryStore {
     zones: Box<[Arc<Zone>]>,
     /// Keyed per process, so key hashes cannot be predicted from outside.
     hasher: std::collections::hash_map::RandomState,
+    clock: Clock,
     origin: Instant,
     /// Wall-clock ms at `origin`: windows align with real time.
     origin_ms: u64,
@@ -107,21 +110,36 @@ pub struct ZoneStats {
 }
 
 impl MemoryStore {
+    /// A store on the system clock.
     pub fn new(zones: &[ZoneSpec]) -> Self {
-        let origin_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        Self::with_clock(zones, Clock::system())
+    }
+
+    /// A store whose decisions read `clock`.
+    pub fn with_clock(zones: &[ZoneSpec], clock: Clock) -> Self {
+        let (origin, origin_ms) = (clock.now(), clock.unix_ms());
         MemoryStore {
             zones: zones.iter().map(|z| Arc::new(Zone::new(z))).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            origin: Instant::now(),
+            clock,
+            origin,
             origin_ms,
         }
     }
 
     /// Milliseconds on a monotonic clock that starts at the wall time.
     pub fn now_ms(&self) -> u64 {
-        self.origin_ms + self.origin.elapsed().as_millis() as u64
+        self.origin_ms
+            + self
+                .clock
+                .now()
+                .saturating_duration_since(self.origin)
+                .as_millis() as u64
+    }
+
+    /// The clock its decisions read.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The key's hash (each zone has its own table, so the zone is not
@@ -179,6 +197,7 @@ impl MemoryStore {
         MemoryStore {
             zones,
             hasher: self.hasher.clone(),
+            clock: self.clock.clone(),
             origin: self.origin,
             origin_ms: self.origin_ms,
         }

@@ -31,6 +31,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::admin;
+use crate::clock::Clock;
 use crate::config::{Config, ListenerConfig, ServerConfig};
 use crate::error::ConfigError;
 use crate::limiter::engine::Engine;
@@ -161,8 +162,14 @@ fn tls_of(l: &ListenerConfig) -> Option<(TlsAcceptor, Duration)> {
 
 impl Server {
     /// Binds all listeners and the admin port.
-    pub async fn bind(mut config: Config) -> Result<Server, BindError> {
-        let engine = Engine::open(config.store.redis.as_ref(), &config.store_zones)
+    pub async fn bind(config: Config) -> Result<Server, BindError> {
+        Self::bind_with_clock(config, Clock::system()).await
+    }
+
+    /// Binds like [`Server::bind`], with every limit, expiry and cool-down
+    /// on `clock` (tests pass a frozen one and advance it).
+    pub async fn bind_with_clock(mut config: Config, clock: Clock) -> Result<Server, BindError> {
+        let engine = Engine::open(config.store.redis.as_ref(), &config.store_zones, clock)
             .await
             .map_err(BindError::Store)?;
         let listeners = bind_listeners(&config, |_, _| false)?;

@@ -50,9 +50,7 @@ impl History {
     pub fn starting(limits: usize) -> Self {
         let h = History::default();
         h.record(Sample {
-            at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            at_ms: crate::clock::unix_ms(),
             decisions: vec![[0; 4]; limits],
             ..Sample::default()
         });

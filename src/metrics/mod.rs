@@ -16,9 +16,10 @@ pub mod top;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use self::top::{Offender, TopKeys};
+use crate::clock::Clock;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -218,6 +219,8 @@ pub struct Metrics {
     /// Per limit: the keys with the most rejections lately.
     top: Box<[Arc<TopKeys>]>,
     global: Arc<Global>,
+    /// What the top offenders' decay is timed by.
+    clock: Clock,
 }
 
 /// The series of `previous` with the same label, or a new one.
@@ -238,7 +241,7 @@ fn series<L: PartialEq, T>(
 
 impl Metrics {
     pub fn new(listeners: &[&str], routes: &[Arc<str>], limits: Vec<LimitLabel>) -> Self {
-        Self::carried(listeners, routes, limits, None)
+        Self::carried(listeners, routes, limits, None, &Clock::system())
     }
 
     /// The tables for a config, sharing every series `previous` (the
@@ -248,6 +251,7 @@ impl Metrics {
         routes: &[Arc<str>],
         limits: Vec<LimitLabel>,
         previous: Option<&Metrics>,
+        clock: &Clock,
     ) -> Self {
         let mut route_names: Vec<Arc<str>> = routes.to_vec();
         route_names.push(Arc::from("-"));
@@ -311,7 +315,7 @@ impl Metrics {
             .iter()
             .map(|l| {
                 series(l, previous.map(|p| (&p.limits[..], &p.top[..])), || {
-                    TopKeys::new(Instant::now())
+                    TopKeys::new(clock.now())
                 })
             })
             .collect();
@@ -341,6 +345,7 @@ impl Metrics {
             top,
             limits: limits.into(),
             global,
+            clock: clock.clone(),
         }
     }
 
@@ -392,7 +397,7 @@ impl Metrics {
     /// offenders. Called on the rejection path only.
     pub fn rejected_key(&self, limit: usize, key: &str) {
         if let Some(t) = self.top.get(limit) {
-            t.record(top::display(key), Instant::now());
+            t.record(top::display(key), self.clock.now());
         }
     }
 

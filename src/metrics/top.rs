@@ -162,7 +162,7 @@ mod tests {
 
     #[test]
     fn heavy_keys_stand_out_of_a_hundred_thousand_with_fixed_memory() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::FrozenClock::new().clock().now();
         let top = TopKeys::new(t0);
         let heavy = ["ip:198.51.100.1", "ip:198.51.100.2", "user:jwt:mallory"];
         for i in 0..100_000u32 {
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn windows_rotate_and_old_ones_are_forgotten() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::FrozenClock::new().clock().now();
         let top = TopKeys::new(t0);
         for _ in 0..5 {
             top.record("ip:1.2.3.4", t0);

@@ -41,7 +41,6 @@ pub mod zones;
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::header::EXPECT;
 use http::uri::{PathAndQuery, Uri};
@@ -162,8 +161,14 @@ impl Pipeline {
                 &route_names,
                 limits,
                 previous.map(|p| &*p.metrics),
+                engine.clock(),
             )),
-            alerts: Alerts::new(&config.alerts, &limit_names, previous.map(|p| &*p.alerts)),
+            alerts: Alerts::new(
+                &config.alerts,
+                &limit_names,
+                previous.map(|p| &*p.alerts),
+                engine.clock(),
+            ),
             limit_base: limit_base.into(),
             partitions: partitions.into(),
             routes,
@@ -173,7 +178,8 @@ impl Pipeline {
                 .map(|u| {
                     // An unchanged upstream keeps its pool of connections.
                     let same = previous.and_then(|p| p.upstreams.iter().find(|o| o.same_config(u)));
-                    same.cloned().unwrap_or_else(|| Arc::new(Upstream::new(u)))
+                    same.cloned()
+                        .unwrap_or_else(|| Arc::new(Upstream::new(u, engine.clock().clone())))
                 })
                 .collect(),
             max_header_bytes: config.server.max_header_bytes,
@@ -285,9 +291,7 @@ impl Pipeline {
     /// The running totals now (requests, rejections, decisions, upstream
     /// errors), for the dashboard's history.
     pub fn sample(&self) -> crate::metrics::history::Sample {
-        let at_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let at_ms = crate::clock::unix_ms();
         let upstream_errors = self
             .upstreams_report()
             .into_iter()
@@ -352,7 +356,6 @@ impl Pipeline {
     /// (logged once), and settles the request (access log, in-flight
     /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
-        let started = Instant::now();
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
         let record = self.access_log.then(|| {
             Box::new(AccessRecord {
@@ -373,7 +376,7 @@ impl Pipeline {
         let mut cx = Ctx::new(
             resolved,
             RequestEnd::new(
-                started,
+                self.engine.clock(),
                 record,
                 conn.state.clone(),
                 self.metrics.clone(),

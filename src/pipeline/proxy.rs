@@ -4,7 +4,7 @@
 //! checked), sends it through the upstream's pool, and relays the answer
 //! (or hands an upgraded connection over to a tunnel).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
@@ -111,9 +111,7 @@ pub async fn forward(
                 }
                 Err(_) => return Err(ProxyError::BadRequest("the request body was cut off")),
             };
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
+            let now = cx.end.clock().unix_ms() / 1000;
             webhook::verify(v, &parts.headers, &data, now)?;
             RequestBody::buffered(data)
         }

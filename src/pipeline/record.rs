@@ -9,6 +9,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::clock::Clock;
+
 use http::{Method, StatusCode};
 
 use crate::config::RouteConfig;
@@ -35,6 +37,7 @@ pub struct AccessRecord {
 /// Settles a request when its response body is finished or dropped.
 pub struct RequestEnd {
     started: Instant,
+    clock: Clock,
     /// `None` when the access log is off: nothing is allocated for it.
     record: Option<Box<AccessRecord>>,
     bytes: u64,
@@ -57,7 +60,7 @@ pub struct RequestEnd {
 
 impl RequestEnd {
     pub fn new(
-        started: Instant,
+        clock: &Clock,
         record: Option<Box<AccessRecord>>,
         conn: Arc<ConnState>,
         metrics: Arc<Metrics>,
@@ -66,7 +69,8 @@ impl RequestEnd {
     ) -> Self {
         conn.request_started(h2);
         RequestEnd {
-            started,
+            started: clock.now(),
+            clock: clock.clone(),
             record,
             bytes: 0,
             aborted: false,
@@ -132,6 +136,11 @@ impl RequestEnd {
         self.conn.frame_sent();
     }
 
+    /// The clock the request is timed by (its pipeline's).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     pub fn mark_aborted(&mut self) {
         self.aborted = true;
     }
@@ -143,7 +152,7 @@ impl Drop for RequestEnd {
             self.conn.response_finished();
         }
         self.conn.request_finished();
-        let took = self.started.elapsed();
+        let took = self.clock.now() - self.started;
         if let Some(listener) = self.listener {
             self.metrics
                 .request(listener, self.route, self.status, took);

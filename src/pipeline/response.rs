@@ -150,10 +150,7 @@ fn add_headers(headers: &mut HeaderMap, style: HeaderStyle, warn_at: f64, applie
         headers.insert(X_REMAINING, num(w.decision.remaining));
         let reset = secs(w.decision.reset_ms.max(1));
         let reset = if style.reset_epoch {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs())
-                + reset
+            crate::clock::unix_ms() / 1000 + reset
         } else {
             reset
         };

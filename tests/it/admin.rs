@@ -12,7 +12,9 @@
 //!   rejected count is above zero, the page throws nothing.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::common::browser::Browser;
 use crate::common::redis::{RedisCluster, RedisServer};

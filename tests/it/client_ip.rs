@@ -173,11 +173,7 @@ async fn invalid_tokens_get_a_401_problem_under_reject() {
     assert_eq!(got.json()["status"], 401);
     assert_eq!(up.hits(), 0, "a refused request never reaches the upstream");
 
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
+    let exp = tollgate::clock::unix_ms() / 1000 + 600;
     let token = jsonwebtoken::encode(
         &jsonwebtoken::Header::default(),
         &serde_json::json!({ "sub": "alice", "exp": exp }),

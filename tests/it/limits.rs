@@ -2,7 +2,9 @@
 //! named route limits with standard headers, outcome-counting limits, path
 //! aliases, bypass tokens, webhook sources and signatures, dry run.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::common::*;
 

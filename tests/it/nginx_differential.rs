@@ -20,7 +20,9 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::common::*;
 
@@ -274,7 +276,7 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
         let at = match &step {
             Step::Burst { at, .. } | Step::Steady { at, .. } => *at,
         };
-        tokio::time::sleep_until((t0 + Duration::from_millis(at)).into()).await;
+        tokio::time::sleep_until(t0 + Duration::from_millis(at)).await;
         match step {
             Step::Burst { n, req, .. } => {
                 let fire = |addr: SocketAddr| {
@@ -300,10 +302,7 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
             Step::Steady { every, n, req, .. } => {
                 let start = Instant::now();
                 for k in 0..n {
-                    tokio::time::sleep_until(
-                        (start + Duration::from_millis(every * k as u64)).into(),
-                    )
-                    .await;
+                    tokio::time::sleep_until(start + Duration::from_millis(every * k as u64)).await;
                     let (a, b) = tokio::join!(send(nginx, &req, tls), send(tollgate, &req, tls));
                     assert_eq!(a, b, "{case}: step {i}, request {k} (every {every} ms on {} from {}): nginx | tollgate", req.path, req.from);
                     compared += 1;

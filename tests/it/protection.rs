@@ -1,7 +1,9 @@
 //! Connection and request limits: slowloris, oversize headers and bodies,
 //! idle connections, and the global connection cap.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

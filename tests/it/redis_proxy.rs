@@ -4,7 +4,9 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::*;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::common::redis::RedisServer;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use tollgate::clock::Clock;
 use tollgate::limiter::memory::{MemoryStore, ZoneSpec};
 use tollgate::limiter::redis::{RedisOptions, RedisStore};
 use tollgate::limiter::{Algorithm, Check, Limit, Store};
@@ -44,6 +45,7 @@ async fn connect_one(server: &RedisServer, limit: &Limit) -> RedisStore {
     let (redis, warning) = RedisStore::connect(
         &options(server.url(), false),
         &zones(std::slice::from_ref(limit)),
+        &Clock::system(),
     )
     .await
     .unwrap();
@@ -159,9 +161,13 @@ async fn same_decisions(redis: &RedisStore, memory: &MemoryStore, checks: &[Chec
 async fn every_algorithm_decides_alike_on_redis_and_in_memory() {
     let server = RedisServer::start();
     let limits = every_algorithm();
-    let (redis, warning) = RedisStore::connect(&options(server.url(), false), &zones(&limits))
-        .await
-        .unwrap();
+    let (redis, warning) = RedisStore::connect(
+        &options(server.url(), false),
+        &zones(&limits),
+        &Clock::system(),
+    )
+    .await
+    .unwrap();
     assert!(warning.is_none(), "{warning:?}");
     let memory = MemoryStore::new(&zones(&limits));
     for (i, limit) in limits.iter().enumerate() {
@@ -183,9 +189,13 @@ async fn every_algorithm_decides_alike_on_redis_and_in_memory() {
 async fn groups_are_all_or_nothing_alike_on_both_stores() {
     let server = RedisServer::start();
     let limits = every_algorithm();
-    let (redis, _) = RedisStore::connect(&options(server.url(), false), &zones(&limits))
-        .await
-        .unwrap();
+    let (redis, _) = RedisStore::connect(
+        &options(server.url(), false),
+        &zones(&limits),
+        &Clock::system(),
+    )
+    .await
+    .unwrap();
     let memory = MemoryStore::new(&zones(&limits));
     for seed in 0..12u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -245,7 +255,7 @@ async fn script_flush_and_restart_are_invisible() {
     // come back without an error reaching the caller.
     server.kill();
     server.restart();
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
         let checks = [Check::new(&limit, "k", 1)];
         match redis.decide(&checks).await {
@@ -254,7 +264,7 @@ async fn script_flush_and_restart_are_invisible() {
                 break;
             }
             Err(e) => assert!(
-                std::time::Instant::now() < deadline,
+                tokio::time::Instant::now() < deadline,
                 "not back within 2s: {e}"
             ),
         }

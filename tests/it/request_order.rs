@@ -105,11 +105,7 @@ fn rsa_pair(kid: &str) -> (String, String, serde_json::Value) {
 fn rs256_token(private_pem: &str, kid: &str, sub: &str) -> String {
     let mut header = Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = Some(kid.into());
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
+    let exp = tollgate::clock::unix_ms() / 1000 + 600;
     encode(
         &header,
         &serde_json::json!({ "sub": sub, "exp": exp }),
@@ -229,11 +225,7 @@ async fn bypassed_clients_are_never_limited_and_user_zones_see_the_user() {
     ))
     .await;
     let token = |sub: &str| {
-        let exp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            + 600;
+        let exp = tollgate::clock::unix_ms() / 1000 + 600;
         let jwt = encode(
             &Header::new(jsonwebtoken::Algorithm::HS256),
             &serde_json::json!({ "sub": sub, "exp": exp }),

@@ -134,7 +134,7 @@ async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
     let proxy = TestProxy::spawn(&yaml).await;
     use tokio::io::AsyncReadExt;
     let mut tcp = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let mut buf = [0u8; 16];
     let n = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut buf))
         .await

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
+
 use crate::limiter::{groups, Algorithm, Check, Decision, Verdict};
 
 const SHARDS: usize = 16;
@@ -23,15 +25,17 @@ pub struct RejectCache {
     /// it has passed, every entry has expired and a request takes no lock.
     latest: AtomicU64,
     origin: Instant,
+    clock: Clock,
     hasher: std::collections::hash_map::RandomState,
 }
 
 impl RejectCache {
-    pub fn new() -> Self {
+    pub fn new(clock: Clock) -> Self {
         RejectCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             latest: AtomicU64::new(0),
-            origin: Instant::now(),
+            origin: clock.now(),
+            clock,
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -54,6 +58,11 @@ impl RejectCache {
 
     fn ms(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    /// Now, on the clock its entries are timed by.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// Whether no entry is still rejected at `now`.
@@ -93,7 +102,7 @@ impl RejectCache {
         let hash = self.hash(limit, key);
         let mut shard = self.shard(hash);
         if shard.len() >= SHARD_CAPACITY {
-            let now = Instant::now();
+            let now = self.clock.now();
             shard.retain(|_, t| *t > now);
             if shard.len() >= SHARD_CAPACITY {
                 shard.clear();

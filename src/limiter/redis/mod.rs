@@ -29,12 +29,13 @@ mod resets;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::Script;
 
 use super::memory::ZoneSpec;
 use super::{groups, stops, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
+use crate::clock::Clock;
 use batch::{Batcher, Job};
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::{Link, Target};
@@ -114,6 +115,7 @@ impl RedisStore {
     pub async fn connect(
         options: &RedisOptions,
         zones: &[ZoneSpec],
+        clock: &Clock,
     ) -> Result<(Self, Option<ConnectError>), ConnectError> {
         let target = target(options)?;
         let link = Arc::new(Link::new(target, options.breaker_failures));
@@ -133,7 +135,7 @@ impl RedisStore {
         let suffixes = suffixes(zones);
         let cache = options
             .cache_rejections
-            .then(|| Arc::new(RejectCache::new()));
+            .then(|| Arc::new(RejectCache::new(clock.clone())));
         let resets = match (&cache, subscriber(options)) {
             (Some(cache), Some(client)) => Some(
                 tokio::spawn(resets::listen(
@@ -334,7 +336,7 @@ impl RedisStore {
                 decisions: self.send(checks, now).await?,
             });
         };
-        let local_now = Instant::now();
+        let local_now = cache.now();
         let outcome = match cached_cut(cache, &self.suffixes, checks, local_now) {
             Some(cut) => self.decide_around(checks, now, cut).await?,
             None => Outcome {

@@ -1,8 +1,6 @@
 //! JWT and API-key identity: valid tokens give the user, everything else is
 //! anonymous (or a 401 with `on_invalid: reject`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use http::{HeaderMap, HeaderValue};
 use jsonwebtoken::{encode, EncodingKey, Header};
 
@@ -12,10 +10,7 @@ use crate::config::Config;
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
 
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
+    crate::clock::unix_ms() / 1000
 }
 
 fn identity(yaml: &str) -> IdentityConfig {

@@ -29,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use self::h1::{Answer, Conn, Io, SendError};
 use self::pool::Pool;
 use super::body::{RequestBody, RequestBodyError};
+use crate::clock::Clock;
 use crate::config::{HostHeader, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
@@ -46,6 +47,7 @@ pub struct Upstream {
     pub host_header: HostHeader,
     tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
     /// Origin for the cool-down clock kept in atomics.
+    clock: Clock,
     epoch: Instant,
     /// Time to the response head, for metrics.
     duration: Histogram,
@@ -77,7 +79,8 @@ const RETRY: usize = 3;
 const COOLDOWN: usize = 4;
 
 impl Upstream {
-    pub fn new(cfg: &UpstreamConfig) -> Self {
+    /// Cool-downs and idle connections' ages are timed on `clock`.
+    pub fn new(cfg: &UpstreamConfig, clock: Clock) -> Self {
         let targets = cfg
             .targets
             .iter()
@@ -105,7 +108,8 @@ impl Upstream {
                 .tls
                 .as_ref()
                 .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone())),
-            epoch: Instant::now(),
+            epoch: clock.now(),
+            clock,
             duration: Histogram::new(&CALL_BOUNDS),
             config: cfg.tls.is_none().then(|| format!("{cfg:?}")),
         }
@@ -156,7 +160,7 @@ impl Upstream {
         let target_host = !parts.headers.contains_key(HOST);
         // The one clock read of the attempt: cool-downs, the pool's idle
         // ages and the duration all measure from it.
-        let sending = Instant::now();
+        let sending = self.clock.now();
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.ms_at(sending);
@@ -194,7 +198,7 @@ impl Upstream {
                             }
                             Err(e) => {
                                 target.down_until_ms.store(
-                                    self.ms_at(Instant::now()) + self.cooldown.as_millis() as u64,
+                                    self.ms_at(self.clock.now()) + self.cooldown.as_millis() as u64,
                                     Ordering::Relaxed,
                                 );
                                 target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
@@ -226,7 +230,7 @@ impl Upstream {
                         }
                         Ok(Ok(answer)) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
-                            self.duration.observe(sending.elapsed());
+                            self.duration.observe(self.clock.now() - sending);
                             return Ok(answer);
                         }
                         Ok(Err(SendError::Body(e))) => return Err(body_error(e)),

@@ -7,7 +7,9 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 fn need(tool: &str) {
     let found = Command::new(tool)
