@@ -165,6 +165,11 @@ impl ListenerStats {
         self.open.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Connections open now.
+    pub fn open(&self) -> i64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
     pub fn tls_failed(&self) {
         self.tls_failures.fetch_add(1, Ordering::Relaxed);
     }

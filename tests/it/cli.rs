@@ -138,12 +138,22 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     assert_eq!(get(run.admin, "/readyz").await.status, 200);
     let addr = run.addr;
     let slow = tokio::spawn(async move { get(addr, "/slow?ms=1500").await });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    until(
+        Duration::from_secs(10),
+        "the slow request reaches the upstream",
+        || std::future::ready(up.hits() == 1),
+    )
+    .await;
     run.signal("-TERM");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(
+        Duration::from_secs(5),
+        "no new connections are accepted while draining",
+        || async { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
+    .await;
     assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "no new connections are accepted while draining"
+        !slow.is_finished(),
+        "the signal came while it was in flight"
     );
     let got = tokio::time::timeout(Duration::from_secs(10), slow)
         .await
@@ -296,9 +306,8 @@ routes:
     for _ in 0..3 {
         assert_eq!(get(run.addr, "/").await.status, 200);
     }
-    let mut warned = None;
-    for _ in 0..50 {
-        warned = run
+    let warned = until_some(Duration::from_secs(5), "a warning about the store", || {
+        let found = run
             .logs
             .lock()
             .unwrap()
@@ -309,12 +318,9 @@ routes:
                     .as_str()
                     .is_some_and(|m| m.starts_with("rate-limit store failed"))
             });
-        if warned.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let warned = warned.expect("a warning about the store");
+        std::future::ready(found)
+    })
+    .await;
     assert_eq!(warned["level"], "WARN");
     let all = run.logs.lock().unwrap().join("\n");
     assert!(!all.contains("hunter2"), "{all}");

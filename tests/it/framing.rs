@@ -174,14 +174,20 @@ async fn a_refused_post_keeps_its_keep_alive_connection() {
     .await;
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     let mut statuses = Vec::new();
-    for _ in 0..4 {
-        // The body arrives in a second write, after the head was answered.
+    for i in 0..4 {
         s.write_all(b"POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 11\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        s.write_all(b"hello world").await.unwrap();
-        let resp = read_response(&mut s).await;
+        // A refused request is answered from its head: its body arrives
+        // in a second write, after the answer, and is skipped.
+        let resp = if i == 0 {
+            s.write_all(b"hello world").await.unwrap();
+            read_response(&mut s).await
+        } else {
+            let resp = read_response(&mut s).await;
+            s.write_all(b"hello world").await.unwrap();
+            resp
+        };
         assert!(!resp.to_lowercase().contains("connection: close"), "{resp}");
         statuses.push(resp[9..12].to_owned());
     }
@@ -234,18 +240,18 @@ async fn an_upload_refused_with_413_is_read_by_the_client() {
 }
 
 /// An upstream that records every byte it receives and answers each
-/// connection's first request with a 200, then closes it.
+/// connection's first request with a 200, then closes it. Each
+/// connection's bytes are handed over once it has been quiet for 200 ms.
 struct Recorder {
     addr: std::net::SocketAddr,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    seen: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>,
 }
 
 impl Recorder {
     async fn spawn() -> Recorder {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = seen.clone();
+        let (sink, seen) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
                 let sink = sink.clone();
@@ -269,15 +275,24 @@ impl Recorder {
                                 .await;
                         }
                     }
-                    sink.lock().unwrap().extend_from_slice(&data);
+                    let _ = sink.send(data);
                 });
             }
         });
-        Recorder { addr, seen }
+        Recorder {
+            addr,
+            seen: tokio::sync::Mutex::new(seen),
+        }
     }
 
-    fn take(&self) -> String {
-        String::from_utf8_lossy(&std::mem::take(&mut *self.seen.lock().unwrap())).into_owned()
+    /// The bytes of the next connection that reaches it within `within`
+    /// (empty when none does).
+    async fn next(&self, within: Duration) -> String {
+        let mut seen = self.seen.lock().await;
+        match tokio::time::timeout(within, seen.recv()).await {
+            Ok(Some(data)) => String::from_utf8_lossy(&data).into_owned(),
+            _ => String::new(),
+        }
     }
 }
 
@@ -325,17 +340,11 @@ async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
     for (name, req) in &cases {
         let resp = raw(proxy.addr(), req.as_bytes(), Duration::from_secs(5)).await;
         let status = resp.get(9..12).unwrap_or("---").to_owned();
-        // The recorder hands over what it saw once the upstream side has
-        // been quiet for 200 ms: wait for it (a refused request has
-        // nothing to hand over; give it the same time to show up).
-        let mut seen = String::new();
-        for _ in 0..if status == "200" { 50 } else { 4 } {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            seen = rec.take();
-            if !seen.is_empty() {
-                break;
-            }
-        }
+        // A forwarded request reaches the recorder (it hands its bytes
+        // over 200 ms after they stop); a refused one must not, within
+        // twice that.
+        let within = if status == "200" { 10_000 } else { 400 };
+        let seen = rec.next(Duration::from_millis(within)).await;
         let requests = seen.matches(" HTTP/1.1\r\n").count();
         match status.as_str() {
             "400" => assert_eq!(seen, "", "{name}: refused, yet the upstream saw bytes"),
@@ -406,14 +415,10 @@ async fn at_max_connections_new_clients_wait_until_idle_hogs_are_closed() {
         .expect("served once idle connections free their slots");
     assert_eq!(got.status, 200);
     // Every hog was closed by the idle watchdog, not just the first.
-    for _ in 0..100 {
-        if hogs.iter().all(|h| h.is_closed()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let open = hogs.iter().filter(|h| !h.is_closed()).count();
-    assert_eq!(open, 0, "idle keep-alive connections still open");
+    until(Duration::from_secs(10), "every idle hog closed", || {
+        std::future::ready(hogs.iter().all(|h| h.is_closed()))
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -471,11 +476,21 @@ async fn a_client_that_stops_reading_is_closed_after_send_timeout() {
     s.write_all(b"GET /download?bytes=200000000 HTTP/1.1\r\nHost: a.test\r\n\r\n")
         .await
         .unwrap();
-    // Read nothing for a while: the socket buffers fill and tollgate can
-    // send no more.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    // What was buffered drains, then the connection is found closed (200 MB
-    // would take far longer than this on a connection kept open).
+    // Read nothing: the socket buffers fill, tollgate can send no more,
+    // and after send_timeout it closes the connection.
+    let stats = proxy.pipeline.metrics().listener_stats(0);
+    until(Duration::from_secs(10), "the connection accepted", || {
+        std::future::ready(stats.open() == 1)
+    })
+    .await;
+    until(
+        Duration::from_secs(20),
+        "the stalled connection closed",
+        || std::future::ready(stats.open() == 0),
+    )
+    .await;
+    // What was buffered drains, then the connection ends (200 MB would
+    // take far longer than this on a connection kept open).
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0usize;
     let closed = tokio::time::timeout(Duration::from_secs(20), async {

@@ -22,6 +22,13 @@ async fn start(rest: &str) -> (Upstream, TestProxy) {
     (up, proxy)
 }
 
+/// [`start`] on a frozen clock the test advances.
+async fn start_frozen(rest: &str) -> (Upstream, TestProxy, tollgate::clock::FrozenClock) {
+    let up = Upstream::spawn().await;
+    let (proxy, clock) = TestProxy::spawn_frozen(&with(&up, rest)).await;
+    (up, proxy, clock)
+}
+
 async fn get_path(addr: std::net::SocketAddr, path: &str) -> Got {
     send_with(addr, "GET", path, &[], b"").await
 }
@@ -120,7 +127,8 @@ routes: [{ match: { path_prefix: / }, upstream: api }]
 
 #[tokio::test]
 async fn zones_count_the_requests_of_unmatched_routes_and_max_conn_caps_concurrency() {
-    let (_up, proxy) = start(
+    // Frozen: the zone cannot refill between the requests.
+    let (up, proxy, _clock) = start_frozen(
         "zones:
   - { name: per_ip, rate: 1r/s, burst: 1, nodelay: true, status: 503 }
   - { name: conns, rate: 1000r/s, burst: 1000, nodelay: true, max_conn: 1 }
@@ -139,7 +147,12 @@ routes:
     // A route that lists only `conns` is not subject to per_ip.
     let addr = proxy.addr();
     let slow = tokio::spawn(async move { get_path(addr, "/slow?ms=800").await.status });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        Duration::from_secs(10),
+        "the slow request reaches the upstream",
+        || std::future::ready(up.hits() == 1),
+    )
+    .await;
     let got = get_path(proxy.addr(), "/slow?ms=1").await;
     assert_eq!(got.status, 429, "one concurrent request per IP");
     assert!(got.json()["detail"]
@@ -156,7 +169,7 @@ routes:
 
 #[tokio::test]
 async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
-    let (up, proxy) = start(
+    let (up, proxy, clock) = start_frozen(
         "routes:
   - match: { path_prefix: / }
     upstream: api
@@ -192,7 +205,7 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
         "{state}"
     );
     // The rejected 4th request cost `medium` nothing: 2 more pass after a refill.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(Duration::from_millis(1100));
     assert_eq!(get_path(proxy.addr(), "/x").await.status, 200);
     let got = get_path(proxy.addr(), "/x").await;
     assert_eq!(got.status, 200);
@@ -204,7 +217,7 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
         got.headers.get("x-ratelimit-warning").is_some(),
         "past 90% of medium"
     );
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(Duration::from_millis(1100));
     let got = get_path(proxy.addr(), "/x").await;
     assert_eq!(got.status, 429);
     assert_eq!(

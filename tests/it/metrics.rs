@@ -26,18 +26,14 @@ async fn from2(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)])
     get_from("127.0.0.2", addr, path, headers).await
 }
 
-/// Scrapes until `done` holds (at most 5 s; counters move when responses
-/// end, a moment after the client has read them), and returns the last.
+/// Scrapes until `done` holds (counters move when responses end, a moment
+/// after the client has read them), and returns that scrape.
 async fn scrape_until(proxy: &TestProxy, done: impl Fn(&str) -> bool) -> String {
-    let mut m = String::new();
-    for _ in 0..50 {
-        m = text(&scrape(proxy, None).await);
-        if done(&m) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    m
+    until_some(Duration::from_secs(5), "the metrics to show it", || async {
+        let m = text(&scrape(proxy, None).await);
+        done(&m).then_some(m)
+    })
+    .await
 }
 
 fn text(got: &Got) -> String {
@@ -307,15 +303,13 @@ routes:
 
     redis.restart();
     // Requests keep coming; the breaker's probe finds Redis back.
-    let mut m = String::new();
-    for _ in 0..100 {
+    let m = until_some(Duration::from_secs(10), "the breaker closes", || async {
         assert_eq!(get(proxy.addr(), "/").await.status, 200);
-        m = text(&scrape(&proxy, None).await);
-        if value(&m, "tollgate_store_breaker_open") == Some(0.0) && calls(&m, "ok") > 5.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        let m = text(&scrape(&proxy, None).await);
+        (value(&m, "tollgate_store_breaker_open") == Some(0.0) && calls(&m, "ok") > 5.0)
+            .then_some(m)
+    })
+    .await;
     assert_eq!(value(&m, "tollgate_store_breaker_open"), Some(0.0), "{m}");
     assert!(calls(&m, "ok") > 5.0, "{m}");
 }
@@ -398,9 +392,19 @@ async fn a_login_flood_fires_each_rule_once_with_a_signed_post() {
             .unwrap();
         got.push(post);
     }
-    // The flood went on for 23 more rejections: still one alert per rule.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(posts.try_recv().is_err(), "an alert fired twice");
+    // The flood went on for 23 more rejections: still one alert per rule,
+    // fired and posted.
+    assert_eq!(
+        proxy.pipeline.latest_alerts().len(),
+        2,
+        "an alert fired twice"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), posts.recv())
+            .await
+            .is_err(),
+        "an alert was posted twice"
+    );
     let mut alerts = Vec::new();
     for (sig, body) in &got {
         let expected =
@@ -485,8 +489,20 @@ routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
     drop(s);
     // One slot: a second connection waits for the first to be closed (its
     // TLS handshake never comes, so it is dropped after 1 s).
+    let stats = proxy.pipeline.metrics().listener_stats(0);
+    until(
+        Duration::from_secs(10),
+        "the refused connection closed",
+        || std::future::ready(stats.open() == 0),
+    )
+    .await;
     let hog = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        Duration::from_secs(10),
+        "the hog holds the one slot",
+        || std::future::ready(stats.open() == 1),
+    )
+    .await;
     let mut waiter = tls_connect(
         proxy.addr(),
         ca.client_config(&[b"http/1.1"]),

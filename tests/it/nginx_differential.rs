@@ -34,6 +34,10 @@ struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("error.log"));
+            eprintln!("nginx logged:\n{}", log.unwrap_or_default());
+        }
         // SIGTERM: the master stops its workers too (SIGKILL would orphan them).
         let stopped = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -159,15 +163,11 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
         .unwrap();
     let nginx = Nginx { child, dir };
     let addr: SocketAddr = format!("127.0.0.1:{nginx_port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{case}: nginx did not start: {}",
-            std::fs::read_to_string(nginx.dir.path().join("error.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // On failure the guard prints nginx's error log.
+    until(Duration::from_secs(10), "nginx answers", || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
     (nginx, addr, yaml)
 }
 
@@ -276,6 +276,8 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
         let at = match &step {
             Step::Burst { at, .. } | Step::Steady { at, .. } => *at,
         };
+        // The trace's schedule: it paces the load, both proxies get each
+        // request at once, and the answers are compared, not the times.
         tokio::time::sleep_until(t0 + Duration::from_millis(at)).await;
         match step {
             Step::Burst { n, req, .. } => {
@@ -302,6 +304,7 @@ async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<
             Step::Steady { every, n, req, .. } => {
                 let start = Instant::now();
                 for k in 0..n {
+                    // Paces the steady stream (the trace's schedule).
                     tokio::time::sleep_until(start + Duration::from_millis(every * k as u64)).await;
                     let (a, b) = tokio::join!(send(nginx, &req, tls), send(tollgate, &req, tls));
                     assert_eq!(a, b, "{case}: step {i}, request {k} (every {every} ms on {} from {}): nginx | tollgate", req.path, req.from);

@@ -37,7 +37,8 @@ async fn slowloris_connections_are_closed_at_the_header_read_timeout() {
     tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
         .await
         .unwrap();
-    // Dribble a header byte now and then, never finishing the head.
+    // Dribble a header byte now and then, never finishing the head (the
+    // pause paces the attacker; it orders nothing).
     for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = tcp.write_all(b"x").await;
@@ -227,10 +228,11 @@ async fn the_connection_cap_queues_new_connections_until_one_closes() {
         200
     );
 
-    let third = tokio::spawn(async move { get(proxy.addr(), "/c").await.status });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = tokio::spawn(async move { get(proxy.addr(), "/c").await.status });
     assert!(
-        !third.is_finished(),
+        tokio::time::timeout(Duration::from_millis(300), &mut third)
+            .await
+            .is_err(),
         "a third connection is not served while two are open"
     );
     drop(a);

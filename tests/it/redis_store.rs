@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::common::redis::RedisServer;
+use crate::common::until_some;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tollgate::clock::Clock;
@@ -255,21 +256,11 @@ async fn script_flush_and_restart_are_invisible() {
     // come back without an error reaching the caller.
     server.kill();
     server.restart();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let checks = [Check::new(&limit, "k", 1)];
-        match redis.decide(&checks).await {
-            Ok(o) => {
-                assert_eq!(o.decisions[0].remaining, 999);
-                break;
-            }
-            Err(e) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "not back within 2s: {e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let outcome = until_some(Duration::from_secs(10), "decides again", || async {
+        redis.decide(&[Check::new(&limit, "k", 1)]).await.ok()
+    })
+    .await;
+    assert_eq!(outcome.decisions[0].remaining, 999);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

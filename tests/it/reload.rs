@@ -12,8 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::common::redis::RedisServer;
 use crate::common::*;
 use http::StatusCode;
@@ -217,7 +215,12 @@ async fn listeners_are_added_and_removed_and_a_removed_one_drains() {
     let one_addr: SocketAddr = one.parse().unwrap();
     // A slow request in flight on `one` when it goes away.
     let slow = tokio::spawn(async move { get(one_addr, "/slow?ms=800").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        Duration::from_secs(10),
+        "the slow request reaches the upstream",
+        || std::future::ready(up.hits() == 1),
+    )
+    .await;
 
     file.write(&listeners_config(&[("two", two.clone())], up.addr));
     let report = reload_ok(&proxy).await;
@@ -232,14 +235,12 @@ async fn listeners_are_added_and_removed_and_a_removed_one_drains() {
         "the added listener answers"
     );
     // `one` refuses new connections...
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tokio::net::TcpStream::connect(one_addr).await.is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the removed listener still accepts"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(
+        Duration::from_secs(5),
+        "the removed listener refuses",
+        || async { tokio::net::TcpStream::connect(one_addr).await.is_err() },
+    )
+    .await;
     // ...and its in-flight request completes.
     let got = slow.await.unwrap();
     assert_eq!(
@@ -384,6 +385,8 @@ async fn twenty_reloads_under_load_fail_no_request() {
     let proxy = TestProxy::spawn_file(file.path()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(steady_load(proxy.addr(), stop.clone()));
+    // The pauses pace the reloads through the load run; they order
+    // nothing (every request of the run is checked).
     for i in 0..20 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         file.write(&alternating(if i % 2 == 0 { "B" } else { "A" }));
@@ -414,21 +417,15 @@ fn sighup_reloads_the_running_binary() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let got = get(running.addr, "/").await;
-            if &got.body[..] == b"after\n" {
-                break;
-            }
-            assert_eq!(&got.body[..], b"before\n");
-            assert!(
-                Instant::now() < deadline,
-                "SIGHUP did not reload within 10s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    rt.block_on(until(Duration::from_secs(10), "SIGHUP reloads", || async {
+        let got = get(running.addr, "/").await;
+        assert!(
+            [&b"before\n"[..], b"after\n"].contains(&&got.body[..]),
+            "{:?}",
+            got.body
+        );
+        &got.body[..] == b"after\n"
+    }));
     // `tollgate reload` asks the same through the admin API.
     let out = std::process::Command::new(BIN)
         .args(["reload", "--admin", &running.admin.to_string()])

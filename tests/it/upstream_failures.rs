@@ -185,7 +185,7 @@ async fn requests_with_bodies_are_never_replayed() {
 #[tokio::test]
 async fn stale_pooled_connections_are_not_reused() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&route_to(
+    let (proxy, clock) = TestProxy::spawn_frozen(&route_to(
         &format!("'{}'", up.addr),
         ", idle_timeout: 200ms",
     ))
@@ -193,7 +193,7 @@ async fn stale_pooled_connections_are_not_reused() {
     assert_eq!(get(proxy.addr(), "/a").await.status, 200);
     assert_eq!(get(proxy.addr(), "/b").await.status, 200);
     assert_eq!(up.conns(), 1, "a fresh idle connection is reused");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    clock.advance(Duration::from_millis(400));
     assert_eq!(get(proxy.addr(), "/c").await.status, 200);
     assert_eq!(up.conns(), 2, "one idle past idle_timeout is replaced");
 }

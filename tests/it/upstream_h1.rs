@@ -23,6 +23,8 @@ struct Scripted {
     conns: Arc<AtomicUsize>,
     /// Signalled when it hangs up on a connection.
     hung_up: Arc<Notify>,
+    /// Tells an `AfterIdle` connection that the proxy has pooled it.
+    pooled: Arc<Notify>,
 }
 
 /// What to send for a path, and whether to hang up after it (at once, or
@@ -41,12 +43,12 @@ impl Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let conns = Arc::new(AtomicUsize::new(0));
-        let hung_up = Arc::new(Notify::new());
-        let (count, notify) = (conns.clone(), hung_up.clone());
+        let (hung_up, pooled) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (count, notify, idle) = (conns.clone(), hung_up.clone(), pooled.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
-                let notify = notify.clone();
+                let (notify, idle) = (notify.clone(), idle.clone());
                 tokio::spawn(async move {
                     let mut r = BufReader::new(tcp);
                     while let Some(path) = read_request(&mut r).await {
@@ -57,9 +59,7 @@ impl Scripted {
                         match hangup {
                             Hangup::No => continue,
                             Hangup::Now => {}
-                            Hangup::AfterIdle => {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
+                            Hangup::AfterIdle => idle.notified().await,
                         }
                         let _ = r.get_mut().shutdown().await;
                         drop(r);
@@ -73,6 +73,7 @@ impl Scripted {
             addr,
             conns,
             hung_up,
+            pooled,
         }
     }
 
@@ -219,6 +220,7 @@ async fn an_idle_connection_the_upstream_closed_is_not_written_into() {
     let proxy = TestProxy::spawn(&proxy_to(up.addr)).await;
     assert_eq!(get(proxy.addr(), "/idle-close").await.status, 200);
     // The upstream hangs up on the now idle pooled connection.
+    up.pooled.notify_one();
     tokio::time::timeout(Duration::from_secs(10), up.hung_up.notified())
         .await
         .expect("the upstream hung up");

@@ -194,6 +194,7 @@ impl Browser {
                 "page never satisfied `{expression}` within {within:?} (last: {last}); exceptions: {:?}",
                 self.exceptions
             );
+            // Paces the looks; the condition orders events.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

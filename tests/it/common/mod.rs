@@ -35,6 +35,44 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 pub type ClientBody = BoxBody<Bytes, BoxError>;
 
+// ----------------------------------------------------------------- waits
+
+/// Polls `check` until it gives a value and returns it; fails naming
+/// `what` once `within` has passed. Events are ordered by the condition,
+/// never by a fixed pause: this is the one place the tests wait on real
+/// time between looks (the pause only paces them), and `within` is a
+/// generous bound that catches a hang, not a timing assertion.
+pub async fn until_some<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`until_some`] for a condition.
+pub async fn until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until_some(within, what, || {
+        let f = check();
+        async move { f.await.then_some(()) }
+    })
+    .await
+}
+
 // ---------------------------------------------------------------- bodies
 
 /// A deterministic stream of `len` bytes in 64 KiB chunks, never held whole.
@@ -276,6 +314,8 @@ async fn upstream_answer(
         *r.status_mut() = StatusCode::from_u16(status).unwrap();
         r
     };
+    // The pauses below are how a slow or hanging upstream behaves; tests
+    // wait on the answers, never on these.
     Ok(match path.as_str() {
         "/hang" => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -422,9 +462,22 @@ pub struct TestProxy {
 
 impl TestProxy {
     pub async fn spawn(yaml: &str) -> TestProxy {
+        Self::spawn_clocked(yaml, tollgate::clock::Clock::system()).await
+    }
+
+    /// On a clock that stands still until the test advances it: limits,
+    /// pool ages and cool-downs move only with it (socket timeouts still
+    /// run on real time).
+    pub async fn spawn_frozen(yaml: &str) -> (TestProxy, tollgate::clock::FrozenClock) {
+        let frozen = tollgate::clock::FrozenClock::new();
+        (Self::spawn_clocked(yaml, frozen.clock()).await, frozen)
+    }
+
+    async fn spawn_clocked(yaml: &str, clock: tollgate::clock::Clock) -> TestProxy {
         let config = tollgate::Config::from_yaml(yaml, &|name| std::env::var(name).ok())
             .unwrap_or_else(|e| panic!("test config is invalid: {e}\n{yaml}"));
-        Self::start(tollgate::Server::bind(config).await.expect("bind"))
+        let server = tollgate::Server::bind_with_clock(config, clock).await;
+        Self::start(server.expect("bind"))
     }
 
     /// tollgate on the config file at `path`, which reloads read again.

@@ -77,9 +77,9 @@ impl Running {
     /// The access-log events logged so far, waiting (up to 5 s) until
     /// there are at least `n`.
     pub async fn access_events(&self, n: usize) -> Vec<serde_json::Value> {
-        let mut events = Vec::new();
-        for _ in 0..100 {
-            events = self
+        let what = format!("{n} access-log events");
+        super::until_some(std::time::Duration::from_secs(5), &what, || {
+            let events: Vec<serde_json::Value> = self
                 .logs
                 .lock()
                 .unwrap()
@@ -87,12 +87,9 @@ impl Running {
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
                 .filter(|e| e["target"] == "tollgate::access")
                 .collect();
-            if events.len() >= n {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        events
+            std::future::ready((events.len() >= n).then_some(events))
+        })
+        .await
     }
 
     /// The config file it runs on (a test may rewrite it and reload).

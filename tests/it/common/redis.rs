@@ -3,7 +3,10 @@
 //! ports, with no persistence, killed when dropped. A port taken between
 //! picking it and the server binding it is picked again; each server logs
 //! to its temp dir, and the log is printed when it fails to start or when
-//! the test using it fails.
+//! the test using it fails. Starting blocks while the server comes up;
+//! on a multi-thread runtime the worker's other tasks move to another
+//! worker meanwhile (`block_in_place`), so a restart mid-load stalls none
+//! of them.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +25,16 @@ fn need(tool: &str) {
         found,
         "{tool} is not installed; the Redis tests need it: apt-get install -y redis-server (scripts/test does this)"
     );
+}
+
+/// Runs `f`, which blocks, without holding up the runtime's other tasks
+/// where the runtime can hand them to another worker.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// A port free now whose cluster bus port (+10000) is free too.
@@ -96,10 +109,13 @@ impl RedisServer {
     }
 
     /// Starts the server and waits until it answers, or it exits (its log
-    /// is the error). Blocks up to 10 s: a test set-up step, brief enough
-    /// to run on a runtime worker.
-    #[allow(clippy::disallowed_methods)]
+    /// is the error); up to 10 s.
     fn try_start(&mut self) -> Result<(), String> {
+        blocking(|| self.start_and_wait())
+    }
+
+    #[allow(clippy::disallowed_methods)]
+    fn start_and_wait(&mut self) -> Result<(), String> {
         let port = self.port.to_string();
         let mut args = vec![
             "--port",
@@ -245,8 +261,12 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    #[allow(clippy::disallowed_methods)]
     pub fn start() -> RedisCluster {
+        blocking(Self::start_blocking)
+    }
+
+    #[allow(clippy::disallowed_methods)]
+    fn start_blocking() -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::launch(true, |_| (vec![], vec![])))
             .collect();
