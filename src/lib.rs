@@ -58,6 +58,8 @@ pub mod logging;
 pub mod metrics;
 pub mod pipeline;
 pub mod reload;
+#[doc(hidden)]
+pub mod testing;
 
 pub use config::Config;
 pub use error::{ConfigError, ProxyError};

@@ -48,17 +48,16 @@ fn config(rest: &str) -> Config {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    #[test]
-    fn proxy_v1_lines_never_panic(line in proptest::collection::vec(any::<u8>(), 0..120)) {
+    fn proxy_v1_lines_never_panic_cases(line in proptest::collection::vec(any::<u8>(), 0..120)) {
         let _ = parse_v1(&line);
         let mut with_prefix = b"PROXY ".to_vec();
         with_prefix.extend_from_slice(&line);
         with_prefix.extend_from_slice(b"\r\n");
         let _ = parse_v1(&with_prefix);
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn proxy_v2_headers_never_panic(
+    fn proxy_v2_headers_never_panic_cases(
         fixed in proptest::array::uniform16(any::<u8>()),
         payload in proptest::collection::vec(any::<u8>(), 0..300),
         port in any::<u16>(),
@@ -71,10 +70,10 @@ proptest! {
         head.copy_from_slice(&good[..16]);
         let _ = parse_v2(&head, &payload);
         prop_assert_eq!(parse_v2(&head, &good[16..]), Ok(Some(src)));
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn forwarding_headers_never_panic_and_never_trust_an_untrusted_peer(
+    fn forwarding_headers_never_panic_and_never_trust_an_untrusted_peer_cases(
         values in proptest::collection::vec((0usize..5, header_value()), 0..6),
         peer_last in any::<u8>(),
     ) {
@@ -88,32 +87,32 @@ proptest! {
         prop_assert_eq!(r.client.ip, untrusted.ip, "an untrusted peer is the client");
         let trusted = ClientIp::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, peer_last)));
         let _ = trusting.client_ip.resolve(&trusted, &headers);
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn paths_normalise_or_are_refused(path in "/[a-zA-Z0-9%./;_~-]{0,60}") {
+    fn paths_normalise_or_are_refused_cases(path in "/[a-zA-Z0-9%./;_~-]{0,60}") {
         if let Ok(p) = normalize(&path) {
             prop_assert!(p.starts_with('/'), "{}", p);
             prop_assert!(!p.contains("/../") && !p.contains("//"), "{}", p);
             let again = normalize(&p).map(|q| q.into_owned());
             prop_assert_eq!(again.as_deref(), Ok(&*p), "normalising twice changes nothing");
         }
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn hosts_are_checked_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+    fn hosts_are_checked_without_panicking_cases(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
         let _ = is_host(&bytes);
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn config_text_gives_a_config_or_problems(text in "[ -~\n\t]{0,200}") {
+    fn config_text_gives_a_config_or_problems_cases(text in "[ -~\n\t]{0,200}") {
         let _ = Config::from_yaml(&text, &|_| None);
         // Inside a valid file's structure, too.
         let _ = Config::from_yaml(&format!("listeners: [{{ bind: '127.0.0.1:0' }}]\nroutes:\n  - {text}\n"), &|_| None);
+        tollgate::testing::case_passed();
     }
 
-    #[test]
-    fn credentials_never_panic(auth in header_value(), key in header_value(), cookie in header_value()) {
+    fn credentials_never_panic_cases(auth in header_value(), key in header_value(), cookie in header_value()) {
         let cfg = config("identity: { on_invalid: reject, jwt: { algorithms: [HS256], secret: '0123456789abcdef0123456789abcdef' }, api_key: { header: x-api-key } }");
         let identity = cfg.identity.as_ref().unwrap();
         let mut headers = HeaderMap::new();
@@ -121,5 +120,69 @@ proptest! {
         headers.insert("x-api-key", key);
         headers.insert("cookie", cookie);
         let _ = identity.identify(&headers);
+        tollgate::testing::case_passed();
     }
+}
+
+#[test]
+fn proxy_v1_lines_never_panic() {
+    tollgate::testing::count_cases(
+        "proxy_v1_lines_never_panic",
+        512,
+        proxy_v1_lines_never_panic_cases,
+    );
+}
+
+#[test]
+fn proxy_v2_headers_never_panic() {
+    tollgate::testing::count_cases(
+        "proxy_v2_headers_never_panic",
+        512,
+        proxy_v2_headers_never_panic_cases,
+    );
+}
+
+#[test]
+fn forwarding_headers_never_panic_and_never_trust_an_untrusted_peer() {
+    tollgate::testing::count_cases(
+        "forwarding_headers_never_panic_and_never_trust_an_untrusted_peer",
+        512,
+        forwarding_headers_never_panic_and_never_trust_an_untrusted_peer_cases,
+    );
+}
+
+#[test]
+fn paths_normalise_or_are_refused() {
+    tollgate::testing::count_cases(
+        "paths_normalise_or_are_refused",
+        512,
+        paths_normalise_or_are_refused_cases,
+    );
+}
+
+#[test]
+fn hosts_are_checked_without_panicking() {
+    tollgate::testing::count_cases(
+        "hosts_are_checked_without_panicking",
+        512,
+        hosts_are_checked_without_panicking_cases,
+    );
+}
+
+#[test]
+fn config_text_gives_a_config_or_problems() {
+    tollgate::testing::count_cases(
+        "config_text_gives_a_config_or_problems",
+        512,
+        config_text_gives_a_config_or_problems_cases,
+    );
+}
+
+#[test]
+fn credentials_never_panic() {
+    tollgate::testing::count_cases(
+        "credentials_never_panic",
+        512,
+        credentials_never_panic_cases,
+    );
 }

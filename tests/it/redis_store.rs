@@ -116,8 +116,15 @@ fn every_algorithm() -> Vec<Limit> {
         .collect()
 }
 
-/// Replays one random trace on both stores and compares every decision.
-async fn same_decisions(redis: &RedisStore, memory: &MemoryStore, checks: &[Check<'_>], seed: u64) {
+/// Replays one random trace on both stores and compares every decision;
+/// returns how many steps were compared.
+async fn same_decisions(
+    redis: &RedisStore,
+    memory: &MemoryStore,
+    checks: &[Check<'_>],
+    seed: u64,
+) -> usize {
+    let mut compared = 0;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut now = 1_800_000_000_000u64 + rng.gen_range(0..1000);
     for step in 0..300 {
@@ -155,7 +162,9 @@ async fn same_decisions(redis: &RedisStore, memory: &MemoryStore, checks: &[Chec
                 .map(|c| &c.limit.algorithm)
                 .collect::<Vec<_>>()
         );
+        compared += 1;
     }
+    compared
 }
 
 #[tokio::test]
@@ -171,10 +180,11 @@ async fn every_algorithm_decides_alike_on_redis_and_in_memory() {
     .unwrap();
     assert!(warning.is_none(), "{warning:?}");
     let memory = MemoryStore::new(&zones(&limits));
+    let mut compared = 0;
     for (i, limit) in limits.iter().enumerate() {
         for seed in 0..4 {
             let key = format!("solo:{seed}");
-            same_decisions(
+            compared += same_decisions(
                 &redis,
                 &memory,
                 &[Check::new(limit, &key, 1)],
@@ -183,6 +193,8 @@ async fn every_algorithm_decides_alike_on_redis_and_in_memory() {
             .await;
         }
     }
+    println!("{compared} decisions compared");
+    assert_eq!(compared, limits.len() * 4 * 300, "every seed's trace ran");
     assert!(server.keys_without_ttl("tollgate:*").is_empty());
 }
 
@@ -198,6 +210,7 @@ async fn groups_are_all_or_nothing_alike_on_both_stores() {
     .await
     .unwrap();
     let memory = MemoryStore::new(&zones(&limits));
+    let mut compared = 0;
     for seed in 0..12u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         // Three groups: two enforced limits, a dry-run one, then two more
@@ -231,8 +244,10 @@ async fn groups_are_all_or_nothing_alike_on_both_stores() {
                 ..Check::new(pick[4], &key, 1)
             },
         ];
-        same_decisions(&redis, &memory, &checks, 1000 + seed).await;
+        compared += same_decisions(&redis, &memory, &checks, 1000 + seed).await;
     }
+    println!("{compared} group decisions compared");
+    assert_eq!(compared, 12 * 300, "every seed's trace ran");
     assert!(server.keys_without_ttl("tollgate:*").is_empty());
 }
 

@@ -318,8 +318,7 @@ fn admitted(alg: &Algorithm, trace: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 proptest! {
-    #[test]
-    fn sliding_log_never_admits_more_than_the_limit_in_any_window(
+    fn sliding_log_never_admits_more_than_the_limit_in_any_window_cases(
         limit in 1u64..20, window in 1u64..500, trace in increasing_times(50)
     ) {
         let alg = Algorithm::SlidingLog { limit, window_ms: window };
@@ -328,10 +327,10 @@ proptest! {
             let in_window: u64 = ok.iter().filter(|&&(t, _)| t + window > end && t <= end).map(|&(_, c)| c).sum();
             prop_assert!(in_window <= limit, "{in_window} > {limit} in the window ending at {end}");
         }
+        crate::testing::case_passed();
     }
 
-    #[test]
-    fn buckets_never_admit_more_than_burst_plus_rate_times_elapsed(
+    fn buckets_never_admit_more_than_burst_plus_rate_times_elapsed_cases(
         amount in 1u64..10, period in 1u64..2000, burst in 1u64..20, trace in increasing_times(300)
     ) {
         for alg in [
@@ -348,10 +347,10 @@ proptest! {
                 }
             }
         }
+        crate::testing::case_passed();
     }
 
-    #[test]
-    fn token_bucket_and_gcra_decide_alike(
+    fn token_bucket_and_gcra_decide_alike_cases(
         amount in 1u64..10, period in 1u64..2000, burst in 1u64..20, trace in increasing_times(300)
     ) {
         let tb = Algorithm::TokenBucket { amount, period_ms: period, burst };
@@ -367,12 +366,12 @@ proptest! {
                 gcra.charge(&mut b, t, c);
             }
         }
+        crate::testing::case_passed();
     }
 
     /// The store's all-or-nothing decisions equal a reference that keeps
     /// each limit's state apart and charges only when both allow.
-    #[test]
-    fn all_or_nothing_never_charges_a_rejected_request(
+    fn all_or_nothing_never_charges_a_rejected_request_cases(
         l1 in 1u64..10, w1 in 1u64..300, amount in 1u64..5, burst in 1u64..10, trace in increasing_times(60)
     ) {
         let a = limit("a", Algorithm::SlidingWindow { limit: l1, window_ms: w1 }, 0);
@@ -390,7 +389,44 @@ proptest! {
                 b.algorithm.charge(&mut rb, t, c);
             }
         }
+        crate::testing::case_passed();
     }
+}
+
+#[test]
+fn sliding_log_never_admits_more_than_the_limit_in_any_window() {
+    crate::testing::count_cases(
+        "sliding_log_never_admits_more_than_the_limit_in_any_window",
+        256,
+        sliding_log_never_admits_more_than_the_limit_in_any_window_cases,
+    );
+}
+
+#[test]
+fn buckets_never_admit_more_than_burst_plus_rate_times_elapsed() {
+    crate::testing::count_cases(
+        "buckets_never_admit_more_than_burst_plus_rate_times_elapsed",
+        256,
+        buckets_never_admit_more_than_burst_plus_rate_times_elapsed_cases,
+    );
+}
+
+#[test]
+fn token_bucket_and_gcra_decide_alike() {
+    crate::testing::count_cases(
+        "token_bucket_and_gcra_decide_alike",
+        256,
+        token_bucket_and_gcra_decide_alike_cases,
+    );
+}
+
+#[test]
+fn all_or_nothing_never_charges_a_rejected_request() {
+    crate::testing::count_cases(
+        "all_or_nothing_never_charges_a_rejected_request",
+        256,
+        all_or_nothing_never_charges_a_rejected_request_cases,
+    );
 }
 
 #[test]

@@ -254,8 +254,7 @@ fn header_value() -> impl Strategy<Value = String> {
 
 proptest! {
     /// No request from an untrusted peer can choose its own key.
-    #[test]
-    fn untrusted_peers_cannot_choose_their_key(
+    fn untrusted_peers_cannot_choose_their_key_cases(
         peer_ip in any_ip(),
         xff in header_value(),
         real in header_value(),
@@ -280,12 +279,12 @@ proptest! {
         let r = cfg.resolve(&p, &h);
         prop_assert_eq!(r.client.ip, canonical(peer_ip));
         prop_assert_eq!(cfg.key_net(r.client.ip), cfg.key_net(peer_ip));
+        crate::testing::case_passed();
     }
 
     /// A trusted peer's chain resolves to an address in the chain or the
     /// peer itself: nothing is invented.
-    #[test]
-    fn trusted_resolution_only_picks_addresses_present(chain in prop::collection::vec(any_ip(), 0..6)) {
+    fn trusted_resolution_only_picks_addresses_present_cases(chain in prop::collection::vec(any_ip(), 0..6)) {
         let cfg = config(&["10.0.0.0/8"], &[ForwardHeader::XForwardedFor]);
         let text = chain.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         let mut h = HeaderMap::new();
@@ -295,5 +294,24 @@ proptest! {
         let r = cfg.resolve(&peer("10.9.9.9"), &h);
         let allowed: Vec<IpAddr> = chain.iter().map(|ip| canonical(*ip)).chain([ip("10.9.9.9")]).collect();
         prop_assert!(allowed.contains(&r.client.ip));
+        crate::testing::case_passed();
     }
+}
+
+#[test]
+fn untrusted_peers_cannot_choose_their_key() {
+    crate::testing::count_cases(
+        "untrusted_peers_cannot_choose_their_key",
+        256,
+        untrusted_peers_cannot_choose_their_key_cases,
+    );
+}
+
+#[test]
+fn trusted_resolution_only_picks_addresses_present() {
+    crate::testing::count_cases(
+        "trusted_resolution_only_picks_addresses_present",
+        256,
+        trusted_resolution_only_picks_addresses_present_cases,
+    );
 }
