@@ -251,7 +251,9 @@ async fn groups_are_all_or_nothing_alike_on_both_stores() {
     assert!(server.keys_without_ttl("tollgate:*").is_empty());
 }
 
-#[tokio::test]
+// Multi-thread: the mid-test restart moves the proxy's tasks to the
+// other worker while it blocks (see common::redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_and_restart_are_invisible() {
     let mut server = RedisServer::start();
     let limit = fixed_window("flush", 1000, 60_000);
