@@ -8,6 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tollgate::{Config, ConfigError, Server};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tollgate",
