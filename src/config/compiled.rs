@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 #[derive(Debug)]
 pub struct Config {
@@ -262,9 +262,56 @@ pub struct RouteConfig {
     /// Empty when the route has no limits or `skip: true`.
     pub limits: Vec<RouteLimit>,
     pub headers: HeaderStyle,
+    /// The `RateLimit-Policy` its limits give, rendered once.
+    pub policy: PolicyHeader,
     /// Usage fraction past which `X-RateLimit-Warning` is sent.
     pub warn_at: f64,
     pub webhook: Option<WebhookConfig>,
+}
+
+/// A route's `RateLimit-Policy` value when every one of its limits is
+/// reported with its configured quota, rendered once at load: responses
+/// clone it instead of formatting it (a decision that differs, such as a
+/// `local` fallback's divided quota, is formatted as it is).
+#[derive(Debug, Clone, Default)]
+pub struct PolicyHeader {
+    /// Per limit, in the order its decisions are reported: name, quota,
+    /// window in ms.
+    pub items: Vec<(Arc<str>, u64, u64)>,
+    pub value: Option<HeaderValue>,
+}
+
+impl PolicyHeader {
+    /// For `limits`: enforced ones first, then dry-run ones, as they are
+    /// decided.
+    pub fn of(limits: &[RouteLimit]) -> Self {
+        let ordered = limits
+            .iter()
+            .filter(|l| !l.dry_run)
+            .chain(limits.iter().filter(|l| l.dry_run));
+        let items: Vec<(Arc<str>, u64, u64)> = ordered
+            .map(|l| {
+                let (quota, window_ms) = l.limit.algorithm.policy();
+                (l.limit.name.clone(), quota, window_ms)
+            })
+            .collect();
+        let mut text = String::new();
+        for (i, (name, quota, window_ms)) in items.iter().enumerate() {
+            write_policy_item(&mut text, i == 0, name, *quota, *window_ms);
+        }
+        let value = (!items.is_empty())
+            .then(|| HeaderValue::from_str(&text).ok())
+            .flatten();
+        PolicyHeader { items, value }
+    }
+}
+
+/// One item of `RateLimit-Policy`: `"name";q=quota;w=window seconds`.
+pub fn write_policy_item(out: &mut String, first: bool, name: &str, quota: u64, window_ms: u64) {
+    use std::fmt::Write;
+    let sep = if first { "" } else { ", " };
+    let window = window_ms.div_ceil(1000).max(1);
+    let _ = write!(out, "{sep}\"{name}\";q={quota};w={window}");
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -132,6 +132,7 @@ pub(super) fn routes(
             max_body_bytes,
             case_insensitive: r.matcher.case_insensitive.unwrap_or(false),
             zones: extras.zones,
+            policy: PolicyHeader::of(&extras.limits),
             limits: extras.limits,
             headers: extras.headers,
             warn_at: extras.warn_at,

@@ -11,13 +11,15 @@
 //!   limits' decisions, on allowed and rejected requests alike;
 //! - [`respond`]: a `respond` route's canned answer.
 
+use std::sync::{Arc, OnceLock};
+
 use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::body::ProxyBody;
 use super::ctx::{Applied, Rejection};
 use super::decide::secs;
-use crate::config::{HeaderStyle, Respond, RouteConfig};
+use crate::config::{write_policy_item, Respond, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::{most_restrictive, LimiterError};
 
@@ -105,7 +107,7 @@ pub fn rejected(
 ) -> Response<ProxyBody> {
     let mut resp = problem_body(r.status, &r.detail, Some((&r.limit, r.retry_after)));
     if let (true, Some(route)) = (r.route_limit, route) {
-        add_headers(resp.headers_mut(), route.headers, route.warn_at, applied);
+        add_headers(resp.headers_mut(), route, applied);
     }
     resp
 }
@@ -117,7 +119,7 @@ pub fn limit_headers(
     applied: &[Applied],
 ) -> Response<ProxyBody> {
     if let Some(route) = route {
-        add_headers(resp.headers_mut(), route.headers, route.warn_at, applied);
+        add_headers(resp.headers_mut(), route, applied);
     }
     resp
 }
@@ -137,27 +139,44 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
 
 /// The rate-limit headers for `applied`: the most restrictive limit in the
 /// legacy fields, every limit in the IETF ones, a warning per limit past
-/// `warn_at`.
-fn add_headers(headers: &mut HeaderMap, style: HeaderStyle, warn_at: f64, applied: &[Applied]) {
+/// the route's `warn_at`.
+fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]) {
     use std::fmt::Write;
+    let (style, warn_at) = (route.headers, route.warn_at);
     let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
     let w = &applied[worst];
-    let num = |n: u64| HeaderValue::from(n);
     if style.legacy {
-        headers.insert(X_LIMIT, num(w.decision.limit));
-        headers.insert(X_REMAINING, num(w.decision.remaining));
+        headers.insert(X_LIMIT, number(w.decision.limit));
+        headers.insert(X_REMAINING, number(w.decision.remaining));
         let reset = secs(w.decision.reset_ms.max(1));
         let reset = if style.reset_epoch {
             crate::clock::unix_ms() / 1000 + reset
         } else {
             reset
         };
-        headers.insert(X_RESET, num(reset));
+        headers.insert(X_RESET, number(reset));
     }
     if style.ietf {
-        let mut policy = String::with_capacity(40 * applied.len());
+        // The policy is the route's as configured unless a decision says
+        // otherwise (a `local` fallback divides quotas).
+        let p = &route.policy;
+        let configured = p.items.len() == applied.len()
+            && p.items.iter().zip(applied).all(|((name, q, w), a)| {
+                Arc::ptr_eq(name, &a.name) && a.decision.limit == *q && a.decision.window_ms == *w
+            });
+        let policy = match (&p.value, configured) {
+            (Some(v), true) => Some(v.clone()),
+            _ => {
+                let mut text = String::with_capacity(40 * applied.len());
+                for (i, a) in applied.iter().enumerate() {
+                    let d = &a.decision;
+                    write_policy_item(&mut text, i == 0, &a.name, d.limit, d.window_ms);
+                }
+                HeaderValue::from_str(&text).ok()
+            }
+        };
         let mut state = String::with_capacity(40 * applied.len());
         for (i, a) in applied.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
@@ -167,19 +186,9 @@ fn add_headers(headers: &mut HeaderMap, style: HeaderStyle, warn_at: f64, applie
             } else {
                 secs(d.retry_after_ms)
             };
-            let _ = write!(
-                policy,
-                "{sep}\"{}\";q={};w={}",
-                a.name,
-                d.limit,
-                secs(d.window_ms)
-            );
             let _ = write!(state, "{sep}\"{}\";r={};t={t}", a.name, d.remaining);
         }
-        if let (Ok(p), Ok(s)) = (
-            HeaderValue::from_str(&policy),
-            HeaderValue::from_str(&state),
-        ) {
+        if let (Some(p), Ok(s)) = (policy, HeaderValue::from_str(&state)) {
             headers.insert(RATELIMIT_POLICY, p);
             headers.insert(RATELIMIT, s);
         }
@@ -194,6 +203,102 @@ fn add_headers(headers: &mut HeaderMap, style: HeaderStyle, warn_at: f64, applie
                     headers.append(X_WARNING, v);
                 }
             }
+        }
+    }
+}
+
+/// Header values of the numbers below this are made once (resets, small
+/// quotas and what is left of them); cloning one allocates nothing.
+const SMALL_NUMBERS: u64 = 4096;
+
+/// `n` as a header value.
+fn number(n: u64) -> HeaderValue {
+    static SMALL: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
+    let small = SMALL.get_or_init(|| {
+        (0..SMALL_NUMBERS)
+            .map(|i| HeaderValue::from_static(Box::leak(i.to_string().into_boxed_str())))
+            .collect()
+    });
+    match small.get(n as usize) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Decision, Verdict};
+
+    fn route() -> RouteConfig {
+        let mut config = crate::Config::from_yaml(
+            "listeners: [{ bind: '127.0.0.1:0' }]
+routes:
+  - match: { path_prefix: / }
+    respond: {}
+    limits:
+      - { name: watch, algorithm: fixed_window, limit: 50, window: 1h, dry_run: true }
+      - { name: short, algorithm: token_bucket, rate: 3/s, burst: 3 }
+",
+            &|_| None,
+        )
+        .unwrap();
+        config.routes.remove(0)
+    }
+
+    fn applied(route: &RouteConfig, quotas: [u64; 2]) -> Vec<Applied> {
+        // Decided as the pipeline decides them: enforced, then dry run.
+        let (short, watch) = (&route.limits[1].limit, &route.limits[0].limit);
+        [(short, quotas[0]), (watch, quotas[1])]
+            .into_iter()
+            .map(|(l, q)| Applied {
+                name: l.name.clone(),
+                decision: Decision {
+                    verdict: Verdict::Allow,
+                    limit: q,
+                    remaining: q - 1,
+                    reset_ms: 1000,
+                    retry_after_ms: 0,
+                    window_ms: l.algorithm.policy().1,
+                },
+            })
+            .collect()
+    }
+
+    fn policy(route: &RouteConfig, applied: &[Applied]) -> String {
+        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(route), applied);
+        resp.headers()[RATELIMIT_POLICY]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn the_policy_rendered_at_load_is_the_one_formatted_per_request() {
+        let route = route();
+        let expected = "\"short\";q=3;w=1, \"watch\";q=50;w=3600";
+        assert_eq!(
+            route.policy.value.as_ref().unwrap().to_str().unwrap(),
+            expected
+        );
+        assert_eq!(policy(&route, &applied(&route, [3, 50])), expected);
+        // A `local` fallback on two replicas halves the quotas: the header
+        // says so rather than repeat the configured policy.
+        assert_eq!(
+            policy(&route, &applied(&route, [1, 25])),
+            "\"short\";q=1;w=1, \"watch\";q=25;w=3600"
+        );
+        // A limit whose key did not apply is left out.
+        assert_eq!(
+            policy(&route, &applied(&route, [3, 50])[..1]),
+            "\"short\";q=3;w=1"
+        );
+    }
+
+    #[test]
+    fn numbers_are_header_values_small_or_large() {
+        for n in [0, 1, 42, SMALL_NUMBERS - 1, SMALL_NUMBERS, 1_000_000_007] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
         }
     }
 }

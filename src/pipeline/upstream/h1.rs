@@ -504,7 +504,9 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
         // values are slices of the copy.
         let head = Bytes::copy_from_slice(&read[..len]);
         let base = read.as_ptr() as usize;
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        // Room for the rate-limit headers the response stage adds, so the
+        // map does not grow (rehash) on the way out.
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 8);
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| format!("bad header name {:?}", h.name))?;
