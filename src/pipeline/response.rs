@@ -67,8 +67,7 @@ fn problem_body(
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     if let Some((_, retry_after)) = limit {
-        resp.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        resp.headers_mut().insert(RETRY_AFTER, number(retry_after));
     }
     resp
 }
