@@ -95,8 +95,8 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
 fn check(path: &Path, connect: bool) -> ExitCode {
     match load(path) {
         Ok(config) => {
-            println!("tollgate: {} is valid\n", path.display());
-            print!("{}", config.summary());
+            out(&format!("tollgate: {} is valid\n\n", path.display()));
+            out(&config.summary());
             if connect {
                 return check_store(&config);
             }
@@ -147,6 +147,13 @@ fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Writes to stdout. A reader that went away (`tollgate check | head`)
+/// ends the output quietly, where `print!` would panic.
+fn out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 /// A one-thread runtime for the short commands.
 fn small_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_current_thread()
@@ -181,7 +188,7 @@ fn check_store(config: &Config) -> ExitCode {
     });
     match result {
         Ok(what) => {
-            println!("\nstore: {what}");
+            out(&format!("\nstore: {what}\n"));
             ExitCode::SUCCESS
         }
         Err(why) => {
@@ -249,7 +256,7 @@ fn reload(admin: &str) -> ExitCode {
     let token = std::env::var("TOLLGATE_ADMIN_TOKEN").ok();
     match runtime.block_on(post_reload(admin, token.as_deref())) {
         Ok((200, body)) => {
-            println!("tollgate: reloaded");
+            out("tollgate: reloaded\n");
             print_changes(&body);
             ExitCode::SUCCESS
         }
@@ -280,7 +287,11 @@ fn print_changes(body: &serde_json::Value) {
             .filter_map(|i| i.as_str())
             .collect();
         if !items.is_empty() {
-            println!("  {}: {}", what.replace('_', " "), items.join(", "));
+            out(&format!(
+                "  {}: {}\n",
+                what.replace('_', " "),
+                items.join(", ")
+            ));
         }
     }
 }

@@ -41,6 +41,28 @@ routes:
 }
 
 #[test]
+fn check_piped_into_a_reader_that_left_exits_quietly() {
+    // `tollgate check | head -1`: the reader is gone before the summary
+    // is written.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        "listeners: [{ bind: '127.0.0.1:8080' }]\nroutes:\n  - { match: { path_prefix: / }, respond: {} }\n",
+    );
+    let mut child = Command::new(BIN)
+        .args(["check", "--config", &path])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
 fn check_names_a_missing_environment_variable() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(
