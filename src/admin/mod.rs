@@ -39,7 +39,8 @@ use crate::metrics::history::STEP;
 pub struct AdminState {
     /// False once shutdown has begun.
     pub ready: Arc<AtomicBool>,
-    pub listeners: Vec<(String, SocketAddr)>,
+    /// The listeners accepting now (a reload replaces the list).
+    pub listeners: Arc<arc_swap::ArcSwap<Vec<(String, SocketAddr)>>>,
     /// The running request path (swapped by reloads).
     pub live: crate::listener::Live,
     /// Tokens (replaced by reloads).
@@ -291,6 +292,7 @@ fn ready(
     }
     let listeners: Vec<_> = state
         .listeners
+        .load()
         .iter()
         .map(|(name, addr)| serde_json::json!({ "name": name, "addr": addr.to_string() }))
         .collect();

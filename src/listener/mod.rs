@@ -99,6 +99,8 @@ struct ListenerCtx {
 struct Running {
     name: Arc<str>,
     bind: SocketAddr,
+    /// Where it really listens (`bind` with port 0 resolved).
+    addr: SocketAddr,
     ctx: Arc<ArcSwap<ListenerCtx>>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -258,12 +260,13 @@ impl Server {
             server,
             fixed,
             source,
+            listed: Arc::default(),
         };
         let ready = Arc::new(AtomicBool::new(true));
-        let listed = addrs_of(&listeners);
         for b in listeners {
             state.start(b);
         }
+        state.list();
         let admin_auth = Arc::new(ArcSwap::from_pointee(
             admin.as_ref().map(|(_, a)| a.clone()).unwrap_or_default(),
         ));
@@ -272,7 +275,7 @@ impl Server {
                 l,
                 admin::AdminState {
                     ready: ready.clone(),
-                    listeners: listed,
+                    listeners: state.listed.clone(),
                     live: live.clone(),
                     auth: admin_auth.clone(),
                     reload: Some(ReloadHandle {
@@ -353,6 +356,8 @@ struct State {
     /// See `Server::fixed`.
     fixed: (Option<SocketAddr>, String),
     source: Option<PathBuf>,
+    /// The listeners `/readyz` lists, kept current by reloads.
+    listed: Arc<ArcSwap<Vec<(String, SocketAddr)>>>,
 }
 
 fn fixed_of(config: &Config) -> (Option<SocketAddr>, String) {
@@ -391,6 +396,7 @@ impl State {
 
     /// Starts accepting on a bound listener.
     fn start(&mut self, b: Bound) {
+        let addr = b.listener.local_addr().unwrap_or(b.bind);
         let index = self
             .live
             .load()
@@ -414,6 +420,7 @@ impl State {
         self.running.push(Running {
             name: b.name,
             bind: b.bind,
+            addr,
             ctx,
             stop,
             task,
@@ -548,7 +555,18 @@ impl State {
             report.listeners_added.push(b.name.to_string());
             self.start(b);
         }
+        self.list();
         Ok(report)
+    }
+
+    /// Publishes the running listeners for `/readyz`.
+    fn list(&self) {
+        let listed = self
+            .running
+            .iter()
+            .map(|r| (r.name.to_string(), r.addr))
+            .collect();
+        self.listed.store(Arc::new(listed));
     }
 
     /// Follows a changed `max_connections`: new slots at once; fewer as the

@@ -196,7 +196,7 @@ fn listeners_config(listeners: &[(&str, String)], upstream: SocketAddr) -> Strin
     }
     yaml.push_str(&format!(
         // One worker: every request meets the same upstream pool.
-        "admin: {{ enabled: false }}\nlog: {{ access_log: false }}\nserver: {{ workers: 1 }}\nupstreams:\n  api: {{ targets: ['{upstream}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
+        "admin: {{ bind: '127.0.0.1:0' }}\nlog: {{ access_log: false }}\nserver: {{ workers: 1 }}\nupstreams:\n  api: {{ targets: ['{upstream}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
     ));
     yaml
 }
@@ -233,6 +233,13 @@ async fn listeners_are_added_and_removed_and_a_removed_one_drains() {
         get(two_addr, "/").await.status,
         StatusCode::OK,
         "the added listener answers"
+    );
+    // `/readyz` lists the listeners accepting now.
+    let ready = get(proxy.admin.unwrap(), "/readyz").await.json();
+    assert_eq!(
+        ready["listeners"],
+        serde_json::json!([{ "name": "two", "addr": two }]),
+        "{ready}"
     );
     // `one` refuses new connections...
     until(
