@@ -48,9 +48,12 @@ struct Rule {
     limit: Arc<str>,
     kind: AlertKind,
     per: Duration,
-    window: Mutex<Window>,
+    /// Shared with the same rule of the config a reload replaced, like
+    /// `recent`: a reload neither restarts a window nor forgets a
+    /// cool-down.
+    window: Arc<Mutex<Window>>,
     /// Keys this rule fired for, and when.
-    recent: Mutex<HashMap<String, Instant>>,
+    recent: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 struct Window {
@@ -78,8 +81,9 @@ pub struct Alerts {
 }
 
 impl Alerts {
-    /// `limits` are the metrics limit names, in metrics order; counts
-    /// carry on from `previous` (the running config's alerts).
+    /// `limits` are the metrics limit names, in metrics order; counts,
+    /// and the windows and cool-downs of unchanged rules, carry on from
+    /// `previous` (the running config's alerts).
     pub fn new(
         cfg: &AlertsConfig,
         limits: &[Arc<str>],
@@ -90,18 +94,28 @@ impl Alerts {
         let rules: Vec<Rule> = cfg
             .rules
             .iter()
-            .map(|r| Rule {
-                name: r.name.clone(),
-                limit: r.limit.clone(),
-                kind: r.kind.clone(),
-                per: r.per,
-                window: Mutex::new(Window {
-                    started: now,
-                    keys: Sketch::default(),
-                    decided: 0,
-                    rejected: 0,
-                }),
-                recent: Mutex::new(HashMap::new()),
+            .map(|r| {
+                // The same rule watching the same limit the same way.
+                let same = previous.and_then(|p| {
+                    p.rules.iter().find(|o| {
+                        o.name == r.name && o.limit == r.limit && o.kind == r.kind && o.per == r.per
+                    })
+                });
+                Rule {
+                    name: r.name.clone(),
+                    limit: r.limit.clone(),
+                    kind: r.kind.clone(),
+                    per: r.per,
+                    window: same.map(|o| o.window.clone()).unwrap_or_else(|| {
+                        Arc::new(Mutex::new(Window {
+                            started: now,
+                            keys: Sketch::default(),
+                            decided: 0,
+                            rejected: 0,
+                        }))
+                    }),
+                    recent: same.map(|o| o.recent.clone()).unwrap_or_default(),
+                }
             })
             .collect();
         let by_limit = limits

@@ -445,3 +445,40 @@ fn sighup_reloads_the_running_binary() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("reloaded"));
 }
+
+#[tokio::test]
+async fn an_alert_rule_keeps_its_window_and_cooldown_across_reloads() {
+    let alerts =
+        "alerts:\n  rules:\n    - { name: guessing, limit: login, rejections: 3, per: 1h }";
+    let one = "algorithm: fixed_window, limit: 1, window: 1h";
+    let file = File::new(&login_config(alerts, one, "A"));
+    let proxy = TestProxy::spawn_file(file.path()).await;
+    let alerts_fired = || proxy.live.load().latest_alerts().len();
+    assert_eq!(login(proxy.addr(), "mallory").await, StatusCode::OK);
+    for _ in 0..2 {
+        assert_eq!(
+            login(proxy.addr(), "mallory").await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(alerts_fired(), 0, "2 of 3 rejections");
+    file.write(&login_config(alerts, one, "B"));
+    reload_ok(&proxy).await;
+    // The third rejection in the window, after the reload, fires it.
+    assert_eq!(
+        login(proxy.addr(), "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(alerts_fired(), 1, "the window went on through the reload");
+    // Within its cool-down it does not fire again, reload or not.
+    reload_ok(&proxy).await;
+    assert_eq!(
+        login(proxy.addr(), "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        alerts_fired(),
+        1,
+        "the cool-down went on through the reload"
+    );
+}
