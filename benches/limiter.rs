@@ -109,6 +109,7 @@ fn key_into(buf: &mut String, i: usize) -> &str {
 fn setup(alg: &Algorithm, size: u64) -> (Arc<MemoryStore>, Arc<Limit>) {
     let store = MemoryStore::new(&[ZoneSpec {
         name: "bench".into(),
+        route: None,
         size_bytes: size,
     }]);
     (

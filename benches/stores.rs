@@ -134,6 +134,7 @@ fn main() {
             .iter()
             .map(|l| ZoneSpec {
                 name: l.name.clone(),
+                route: None,
                 size_bytes: 64 << 20,
             })
             .collect();

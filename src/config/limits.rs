@@ -139,6 +139,7 @@ pub fn zones(
         let zone_index = specs.len();
         specs.push(ZoneSpec {
             name: z.name.as_str().into(),
+            route: None,
             size_bytes: c.size(&format!("{path}.size"), &z.size, DEFAULT_SIZE),
         });
         out.push(ZoneConfig {
@@ -257,7 +258,9 @@ pub fn route(
                     format!("\"{}\" is used twice on this route", l.name),
                 );
             }
-            if let Some(limit) = route_limit(&lpath, l, specs, store, c) {
+            // The route's name as the route stage gives it.
+            let route = r.name.as_deref().unwrap_or(path);
+            if let Some(limit) = route_limit(&lpath, route, l, specs, store, c) {
                 limits.push(limit);
             }
         }
@@ -315,6 +318,7 @@ pub fn route(
 
 fn route_limit(
     path: &str,
+    route: &str,
     l: &RawLimit,
     specs: &mut Vec<ZoneSpec>,
     store: &StoreConfig,
@@ -442,6 +446,7 @@ fn route_limit(
     let zone = specs.len();
     specs.push(ZoneSpec {
         name: l.name.as_str().into(),
+        route: Some(route.into()),
         size_bytes: c.size(&format!("{path}.size"), &l.size, DEFAULT_SIZE),
     });
     Some(RouteLimit {

@@ -39,6 +39,9 @@ const EXPIRE_PER_DECISION: usize = 2;
 pub struct ZoneSpec {
     /// The limit's name (a Redis store builds its keys from it).
     pub name: std::sync::Arc<str>,
+    /// The route of a route limit (`None`: a zone): tells apart the
+    /// Redis keys of one limit name used on several routes.
+    pub route: Option<std::sync::Arc<str>>,
     /// Upper bound for this zone's memory.
     pub size_bytes: u64,
 }

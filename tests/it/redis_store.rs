@@ -32,6 +32,7 @@ fn zones(limits: &[Limit]) -> Vec<ZoneSpec> {
         .iter()
         .map(|l| ZoneSpec {
             name: l.name.clone(),
+            route: None,
             size_bytes: 1 << 20,
         })
         .collect()

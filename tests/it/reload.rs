@@ -134,6 +134,70 @@ async fn counters_survive_a_reload_on_redis() {
     .await;
 }
 
+/// Routes `/a` (and, with `with_b`, `/b` before it) each with its own
+/// `short` limit: one limit name on several routes.
+fn shared_name_config(store: &str, with_b: bool) -> String {
+    let b = if with_b {
+        "  - { name: b, match: { path: /b }, respond: {}, limits: [{ name: short, algorithm: fixed_window, limit: 9, window: 1h, key: ip }] }\n"
+    } else {
+        ""
+    };
+    format!(
+        "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ enabled: false }}
+log: {{ access_log: false }}
+{store}
+routes:
+{b}  - {{ name: a, match: {{ path: /a }}, respond: {{}}, limits: [{{ name: short, algorithm: fixed_window, limit: 3, window: 1h, key: ip }}] }}
+  - {{ name: c, match: {{ path: /c }}, respond: {{}}, limits: [{{ name: short, algorithm: fixed_window, limit: 3, window: 1h, key: ip }}] }}
+"
+    )
+}
+
+#[tokio::test]
+async fn a_limit_name_on_several_routes_keeps_each_count_on_redis_when_routes_are_added() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "store: {{ kind: redis, url: '{}', timeout: 2s }}",
+        redis.url()
+    );
+    let file = File::new(&shared_name_config(&store, false));
+    let proxy = TestProxy::spawn_file(file.path()).await;
+    let get_status = |path: &'static str| {
+        let addr = proxy.addr();
+        async move { get(addr, path).await.status }
+    };
+    assert_eq!(get_status("/a").await, StatusCode::OK);
+    assert_eq!(get_status("/a").await, StatusCode::OK);
+    // A route with its own `short` comes first now: /a keeps its count
+    // (2 of 3 used), /c its own, /b starts fresh.
+    file.write(&shared_name_config(&store, true));
+    reload_ok(&proxy).await;
+    assert_eq!(get_status("/a").await, StatusCode::OK);
+    assert_eq!(
+        get_status("/a").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "/a kept its count through the reload"
+    );
+    for _ in 0..3 {
+        assert_eq!(get_status("/c").await, StatusCode::OK);
+    }
+    assert_eq!(get_status("/c").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get_status("/b").await, StatusCode::OK);
+    // Each route's limit has its own Redis key, named after its route.
+    let keys = redis.cli(&["--scan", "--pattern", "tollgate:*"]);
+    let mut keys: Vec<&str> = keys.lines().collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "tollgate:{ip:127.0.0.1}:short@a",
+            "tollgate:{ip:127.0.0.1}:short@b",
+            "tollgate:{ip:127.0.0.1}:short@c"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn an_invalid_file_keeps_the_running_config_and_lists_every_problem() {
     let file = File::new(&login_config("", FIVE_LOG, "A"));

@@ -17,6 +17,7 @@ fn store(limits: &[&Limit], size_bytes: u64) -> MemoryStore {
         .iter()
         .map(|l| ZoneSpec {
             name: l.name.clone(),
+            route: None,
             size_bytes,
         })
         .collect();
@@ -483,6 +484,7 @@ fn groups_stop_at_an_enforced_rejection_and_never_at_a_dry_run() {
 fn spec(name: &str, size_bytes: u64) -> ZoneSpec {
     ZoneSpec {
         name: Arc::from(name),
+        route: None,
         size_bytes,
     }
 }

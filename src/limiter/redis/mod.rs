@@ -609,16 +609,29 @@ fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
         .map_err(|e| describe(&e))
 }
 
-/// Per limit: its Redis key suffix, its name when unique.
+/// Per limit: its Redis key suffix. Its name when unique; for a name used
+/// on several routes, `name@route` (stable when routes are added or
+/// removed around it); `#index` is added only where route names repeat.
 fn suffixes(zones: &[ZoneSpec]) -> Arc<[String]> {
     let mut suffixes: Vec<String> = Vec::with_capacity(zones.len());
     for (i, z) in zones.iter().enumerate() {
-        let shared = zones.iter().filter(|o| o.name == z.name).count() > 1;
-        suffixes.push(if shared {
-            format!("{}#{i}", z.name)
-        } else {
+        let named = |o: &&ZoneSpec| o.name == z.name;
+        let suffix = if zones.iter().filter(named).count() == 1 {
             z.name.to_string()
-        });
+        } else {
+            let route = z.route.as_deref().unwrap_or("");
+            let same_route = zones
+                .iter()
+                .filter(named)
+                .filter(|o| o.route.as_deref().unwrap_or("") == route)
+                .count();
+            match (&z.route, same_route) {
+                (Some(r), 1) => format!("{}@{r}", z.name),
+                (None, 1) => z.name.to_string(),
+                _ => format!("{}@{route}#{i}", z.name),
+            }
+        };
+        suffixes.push(suffix);
     }
     suffixes.into()
 }
@@ -705,4 +718,43 @@ fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, route: Option<&str>) -> ZoneSpec {
+        ZoneSpec {
+            name: name.into(),
+            route: route.map(Into::into),
+            size_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn key_suffixes_stay_apart_and_do_not_follow_positions() {
+        let zones = [
+            spec("per_ip", None),
+            spec("login", Some("auth")),
+            spec("short", Some("a")),
+            spec("short", Some("b")),
+            spec("per_ip", Some("c")),
+            // Two routes named alike: only then does a position count.
+            spec("burst", Some("d")),
+            spec("burst", Some("d")),
+        ];
+        assert_eq!(
+            &*suffixes(&zones),
+            [
+                "per_ip",
+                "login",
+                "short@a",
+                "short@b",
+                "per_ip@c",
+                "burst@d#5",
+                "burst@d#6"
+            ]
+        );
+    }
 }
