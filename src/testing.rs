@@ -4,6 +4,8 @@
 
 use std::cell::Cell;
 
+use crate::limiter::Algorithm;
+
 thread_local! {
     static PASSED: Cell<u64> = const { Cell::new(0) };
 }
@@ -26,4 +28,78 @@ pub fn count_cases(name: &str, at_least: u64, run: impl FnOnce()) -> u64 {
         "{name}: only {ran} of {at_least} cases ran"
     );
     ran
+}
+
+/// Each algorithm at 5 requests a minute, then at 10 (the leaky bucket in
+/// nginx's terms: 5r/m burst 4, then 10r/m burst 9): the reload rescaling
+/// cases the memory store's and Redis's tests share.
+pub fn five_then_ten() -> [(Algorithm, Algorithm); 6] {
+    [
+        (
+            Algorithm::FixedWindow {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::SlidingWindow {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::SlidingLog {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Algorithm::SlidingLog {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            Algorithm::TokenBucket {
+                amount: 5,
+                period_ms: 60_000,
+                burst: 5,
+            },
+            Algorithm::TokenBucket {
+                amount: 10,
+                period_ms: 60_000,
+                burst: 10,
+            },
+        ),
+        (
+            Algorithm::Gcra {
+                amount: 5,
+                period_ms: 60_000,
+                burst: 5,
+            },
+            Algorithm::Gcra {
+                amount: 10,
+                period_ms: 60_000,
+                burst: 10,
+            },
+        ),
+        (
+            Algorithm::Leaky {
+                rate_milli: 83,
+                burst: 4,
+                delay: u64::MAX,
+            },
+            Algorithm::Leaky {
+                rate_milli: 166,
+                burst: 9,
+                delay: u64::MAX,
+            },
+        ),
+    ]
 }

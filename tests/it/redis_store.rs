@@ -320,74 +320,7 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
 #[tokio::test]
 async fn a_changed_limit_reads_old_state_rescaled_on_every_algorithm() {
     let server = RedisServer::start();
-    let pairs = [
-        (
-            Algorithm::FixedWindow {
-                limit: 5,
-                window_ms: 60_000,
-            },
-            Algorithm::FixedWindow {
-                limit: 10,
-                window_ms: 60_000,
-            },
-        ),
-        (
-            Algorithm::SlidingWindow {
-                limit: 5,
-                window_ms: 60_000,
-            },
-            Algorithm::SlidingWindow {
-                limit: 10,
-                window_ms: 60_000,
-            },
-        ),
-        (
-            Algorithm::SlidingLog {
-                limit: 5,
-                window_ms: 60_000,
-            },
-            Algorithm::SlidingLog {
-                limit: 10,
-                window_ms: 60_000,
-            },
-        ),
-        (
-            Algorithm::TokenBucket {
-                amount: 5,
-                period_ms: 60_000,
-                burst: 5,
-            },
-            Algorithm::TokenBucket {
-                amount: 10,
-                period_ms: 60_000,
-                burst: 10,
-            },
-        ),
-        (
-            Algorithm::Gcra {
-                amount: 5,
-                period_ms: 60_000,
-                burst: 5,
-            },
-            Algorithm::Gcra {
-                amount: 10,
-                period_ms: 60_000,
-                burst: 10,
-            },
-        ),
-        (
-            Algorithm::Leaky {
-                rate_milli: 83,
-                burst: 4,
-                delay: u64::MAX,
-            },
-            Algorithm::Leaky {
-                rate_milli: 166,
-                burst: 9,
-                delay: u64::MAX,
-            },
-        ),
-    ];
+    let pairs = tollgate::testing::five_then_ten();
     let now = 1_000_000_000;
     let mut ran = 0;
     for (i, (old, new)) in pairs.into_iter().enumerate() {

@@ -179,74 +179,7 @@ mod tests {
     #[test]
     fn four_of_five_used_is_eight_of_ten_on_every_algorithm() {
         let now = 1_000_000;
-        let pairs = [
-            (
-                Algorithm::FixedWindow {
-                    limit: 5,
-                    window_ms: 60_000,
-                },
-                Algorithm::FixedWindow {
-                    limit: 10,
-                    window_ms: 60_000,
-                },
-            ),
-            (
-                Algorithm::SlidingWindow {
-                    limit: 5,
-                    window_ms: 60_000,
-                },
-                Algorithm::SlidingWindow {
-                    limit: 10,
-                    window_ms: 60_000,
-                },
-            ),
-            (
-                Algorithm::SlidingLog {
-                    limit: 5,
-                    window_ms: 60_000,
-                },
-                Algorithm::SlidingLog {
-                    limit: 10,
-                    window_ms: 60_000,
-                },
-            ),
-            (
-                Algorithm::TokenBucket {
-                    amount: 5,
-                    period_ms: 60_000,
-                    burst: 5,
-                },
-                Algorithm::TokenBucket {
-                    amount: 10,
-                    period_ms: 60_000,
-                    burst: 10,
-                },
-            ),
-            (
-                Algorithm::Gcra {
-                    amount: 5,
-                    period_ms: 60_000,
-                    burst: 5,
-                },
-                Algorithm::Gcra {
-                    amount: 10,
-                    period_ms: 60_000,
-                    burst: 10,
-                },
-            ),
-            (
-                Algorithm::Leaky {
-                    rate_milli: 83,
-                    burst: 4,
-                    delay: u64::MAX,
-                },
-                Algorithm::Leaky {
-                    rate_milli: 166,
-                    burst: 9,
-                    delay: u64::MAX,
-                },
-            ),
-        ];
+        let pairs = crate::testing::five_then_ten();
         for (old, new) in pairs {
             let state = used(&old, 4, now);
             assert_eq!(left(&old, state.clone(), now), 1, "{old:?}");
