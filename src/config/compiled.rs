@@ -458,7 +458,7 @@ pub struct ZoneConfig {
     /// Concurrent requests per key (`limit_conn`).
     pub max_conn: Option<u32>,
     /// As written (`10r/s`), for messages.
-    pub rate_text: String,
+    pub rate_text: Arc<str>,
 }
 
 /// Tier 2: one named limit on a route.
@@ -471,7 +471,7 @@ pub struct RouteLimit {
     /// Charge only responses with these statuses (checked before, charged after).
     pub count_status: Option<Vec<u16>>,
     /// "5 requests per 60s", for the 429 detail.
-    pub description: String,
+    pub description: Arc<str>,
 }
 
 /// Which rate-limit headers a route's responses carry.

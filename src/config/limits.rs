@@ -154,7 +154,7 @@ pub fn zones(
             status,
             dry_run: z.dry_run.unwrap_or(false),
             max_conn,
-            rate_text: z.rate.0.trim().to_owned(),
+            rate_text: z.rate.0.trim().into(),
         });
     }
     out
@@ -461,7 +461,7 @@ fn route_limit(
         cost,
         dry_run: l.dry_run.unwrap_or(false),
         count_status,
-        description,
+        description: description.into(),
     })
 }
 

@@ -104,14 +104,39 @@ pub struct Applied {
 #[derive(Debug)]
 pub struct Rejection {
     pub limit: Arc<str>,
-    /// "rate limit 'login' exceeded: 5 requests per 60s; retry in 42s"
-    pub detail: String,
+    /// What was exceeded, for the problem body's `detail`.
+    pub cause: Cause,
     /// Whole seconds, at least 1.
     pub retry_after: u64,
     /// 429, or a zone's configured status (503 to mimic nginx).
     pub status: StatusCode,
     /// A route limit refused: the response carries the route's headers.
     pub route_limit: bool,
+}
+
+/// What a rejection's limit allows; the `detail` is rendered from it only
+/// when the response needs it (`Rejection::detail`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cause {
+    /// A rate, as the limit describes itself ("5 requests per 60s").
+    Rate(Arc<str>),
+    /// `max_conn`: at most this many requests at once.
+    Concurrency(u32),
+}
+
+impl Rejection {
+    /// "rate limit 'login' exceeded: 5 requests per 60s; retry in 42s"
+    pub fn detail(&self) -> String {
+        let (name, retry) = (&self.limit, self.retry_after);
+        match &self.cause {
+            Cause::Rate(what) => {
+                format!("rate limit '{name}' exceeded: {what}; retry in {retry}s")
+            }
+            Cause::Concurrency(max) => format!(
+                "concurrency limit '{name}' exceeded: at most {max} requests at once; retry in {retry}s"
+            ),
+        }
+    }
 }
 
 /// Why a request did not go on to the next stage.

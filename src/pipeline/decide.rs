@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::ctx::{Applied, Ctx, Rejection, Stop};
+use super::ctx::{Applied, Cause, Ctx, Rejection, Stop};
 use crate::config::{RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
@@ -199,16 +199,15 @@ pub async fn decide(
 /// The rejection by the limit `name` ("5 requests per 60s").
 fn rejected(
     name: &Arc<str>,
-    what: &str,
+    what: &Arc<str>,
     retry_ms: u64,
     status: StatusCode,
     route_limit: bool,
 ) -> Rejection {
-    let retry = secs(retry_ms);
     Rejection {
         limit: name.clone(),
-        detail: format!("rate limit '{name}' exceeded: {what}; retry in {retry}s"),
-        retry_after: retry,
+        cause: Cause::Rate(what.clone()),
+        retry_after: secs(retry_ms),
         status,
         route_limit,
     }

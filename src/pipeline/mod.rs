@@ -262,7 +262,7 @@ impl Pipeline {
                     };
                     format!("rate={} burst={burst}{delay}", z.rate_text)
                 }
-                _ => z.rate_text.clone(),
+                _ => z.rate_text.to_string(),
             },
             dry_run: z.dry_run,
         });
@@ -270,7 +270,7 @@ impl Pipeline {
             r.limits.iter().map(|l| LimitView {
                 limit: &l.limit,
                 key: &l.key,
-                spec: l.description.clone(),
+                spec: l.description.to_string(),
                 dry_run: l.dry_run,
             })
         });

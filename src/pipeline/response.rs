@@ -11,13 +11,15 @@
 //!   limits' decisions, on allowed and rejected requests alike;
 //! - [`respond`]: a `respond` route's canned answer.
 
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::body::ProxyBody;
-use super::ctx::{Applied, Rejection};
+use super::ctx::{Applied, Cause, Rejection};
 use super::decide::secs;
 use crate::config::{write_policy_item, Respond, RouteConfig};
 use crate::error::ProxyError;
@@ -47,11 +49,7 @@ struct Problem<'a> {
     retry_after: Option<u64>,
 }
 
-fn problem_body(
-    status: StatusCode,
-    detail: &str,
-    limit: Option<(&str, u64)>,
-) -> Response<ProxyBody> {
+fn problem_json(status: StatusCode, detail: &str, limit: Option<(&str, u64)>) -> Bytes {
     let problem = Problem {
         kind: "about:blank",
         title: status.canonical_reason().unwrap_or("Error"),
@@ -63,13 +61,87 @@ fn problem_body(
     let mut body = Vec::with_capacity(96 + detail.len());
     // Writing plain strings and numbers into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut body, &problem);
+    body.into()
+}
+
+/// A problem response with `body` (see [`problem_json`]).
+fn problem_response(
+    status: StatusCode,
+    body: Bytes,
+    retry_after: Option<u64>,
+) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-    if let Some((_, retry_after)) = limit {
+    if let Some(retry_after) = retry_after {
         resp.headers_mut().insert(RETRY_AFTER, number(retry_after));
     }
     resp
+}
+
+fn problem_body(
+    status: StatusCode,
+    detail: &str,
+    limit: Option<(&str, u64)>,
+) -> Response<ProxyBody> {
+    let body = problem_json(status, detail, limit);
+    problem_response(status, body, limit.map(|(_, after)| after))
+}
+
+/// Rejection bodies rendered lately on this thread. A flood meets one
+/// limit with a handful of retry times over and over: the body is
+/// rendered once and shared. Entries hold their limit's strings, so a
+/// reload's new ones never match an old body.
+const REJECTION_BODIES: usize = 32;
+
+struct CachedRejection {
+    limit: Arc<str>,
+    cause: Cause,
+    retry_after: u64,
+    status: StatusCode,
+    body: Bytes,
+}
+
+impl CachedRejection {
+    fn is_for(&self, r: &Rejection) -> bool {
+        let same_cause = match (&self.cause, &r.cause) {
+            (Cause::Rate(a), Cause::Rate(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a == b,
+        };
+        Arc::ptr_eq(&self.limit, &r.limit)
+            && same_cause
+            && self.retry_after == r.retry_after
+            && self.status == r.status
+    }
+}
+
+/// `r`'s problem body, from this thread's recent ones when it is there.
+fn rejection_body(r: &Rejection) -> Bytes {
+    thread_local! {
+        static RECENT: RefCell<(Vec<CachedRejection>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    }
+    RECENT.with(|recent| {
+        let mut recent = recent.borrow_mut();
+        let (entries, next) = &mut *recent;
+        if let Some(hit) = entries.iter().find(|e| e.is_for(r)) {
+            return hit.body.clone();
+        }
+        let body = problem_json(r.status, &r.detail(), Some((&r.limit, r.retry_after)));
+        let entry = CachedRejection {
+            limit: r.limit.clone(),
+            cause: r.cause.clone(),
+            retry_after: r.retry_after,
+            status: r.status,
+            body: body.clone(),
+        };
+        if entries.len() < REJECTION_BODIES {
+            entries.push(entry);
+        } else {
+            entries[*next] = entry;
+            *next = (*next + 1) % REJECTION_BODIES;
+        }
+        body
+    })
 }
 
 /// The response for an error tollgate answers itself.
@@ -104,7 +176,7 @@ pub fn rejected(
     route: Option<&RouteConfig>,
     applied: &[Applied],
 ) -> Response<ProxyBody> {
-    let mut resp = problem_body(r.status, &r.detail, Some((&r.limit, r.retry_after)));
+    let mut resp = problem_response(r.status, rejection_body(r), Some(r.retry_after));
     if let (true, Some(route)) = (r.route_limit, route) {
         add_headers(resp.headers_mut(), route, applied);
     }
@@ -291,6 +363,63 @@ routes:
         assert_eq!(
             policy(&route, &applied(&route, [3, 50])[..1]),
             "\"short\";q=3;w=1"
+        );
+    }
+
+    fn rejection(limit: &Arc<str>, what: &Arc<str>, retry_after: u64) -> Rejection {
+        Rejection {
+            limit: limit.clone(),
+            cause: Cause::Rate(what.clone()),
+            retry_after,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            route_limit: false,
+        }
+    }
+
+    fn body(r: &Rejection) -> serde_json::Value {
+        serde_json::from_slice(&rejection_body(r)).unwrap()
+    }
+
+    #[test]
+    fn rejection_bodies_are_reused_only_for_the_same_limit_and_retry() {
+        let (login, five): (Arc<str>, Arc<str>) = ("login".into(), "5 per 1m".into());
+        let first = body(&rejection(&login, &five, 42));
+        assert_eq!(
+            first,
+            serde_json::json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": "rate limit 'login' exceeded: 5 per 1m; retry in 42s",
+                "limit": "login",
+                "retry_after": 42,
+            })
+        );
+        assert_eq!(body(&rejection(&login, &five, 42)), first);
+        let later = body(&rejection(&login, &five, 41));
+        assert_eq!(later["retry_after"], 41);
+        assert_eq!(
+            later["detail"],
+            "rate limit 'login' exceeded: 5 per 1m; retry in 41s"
+        );
+        // A reload's limit of the same name with new numbers: its own body.
+        let (login2, ten): (Arc<str>, Arc<str>) = ("login".into(), "10 per 1m".into());
+        assert_eq!(
+            body(&rejection(&login2, &ten, 42))["detail"],
+            "rate limit 'login' exceeded: 10 per 1m; retry in 42s"
+        );
+        // More distinct rejections than are kept: each still gets its own.
+        for retry in 1..=100 {
+            assert_eq!(body(&rejection(&login, &five, retry))["retry_after"], retry);
+        }
+        let conns = Rejection {
+            cause: Cause::Concurrency(2),
+            retry_after: 1,
+            ..rejection(&login, &five, 1)
+        };
+        assert_eq!(
+            body(&conns)["detail"],
+            "concurrency limit 'login' exceeded: at most 2 requests at once; retry in 1s"
         );
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::ctx::{Ctx, Rejection, Stop};
+use super::ctx::{Cause, Ctx, Rejection, Stop};
 use super::decide::{self, Origin, USER_ZONE_GROUP, ZONE_GROUP};
 use super::key::{self, KeySource};
 use crate::config::{ClientIpConfig, ZoneConfig};
@@ -134,9 +134,7 @@ impl Zones {
                 let name = &zone.limit.name;
                 return Err(Rejection {
                     limit: name.clone(),
-                    detail: format!(
-                        "concurrency limit '{name}' exceeded: at most {max} requests at once; retry in 1s"
-                    ),
+                    cause: Cause::Concurrency(max),
                     retry_after: 1,
                     status: zone.status,
                     route_limit: false,
