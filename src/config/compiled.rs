@@ -310,7 +310,7 @@ impl PolicyHeader {
 pub fn write_policy_item(out: &mut String, first: bool, name: &str, quota: u64, window_ms: u64) {
     use std::fmt::Write;
     let sep = if first { "" } else { ", " };
-    let window = window_ms.div_ceil(1000).max(1);
+    let window = crate::limiter::secs(window_ms);
     let _ = write!(out, "{sep}\"{name}\";q={quota};w={window}");
 }
 

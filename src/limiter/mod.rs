@@ -214,6 +214,12 @@ impl Outcome {
     }
 }
 
+/// Whole seconds, rounded up, at least 1: how durations are reported
+/// (`Retry-After`, header resets and windows, 429 details).
+pub fn secs(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
 /// Rejected when any decision rejects; otherwise delayed by the longest delay.
 pub fn verdict(decisions: &[Decision]) -> Verdict {
     let mut delay = 0;

@@ -245,10 +245,6 @@ fn series<L: PartialEq, T>(
 }
 
 impl Metrics {
-    pub fn new(listeners: &[&str], routes: &[Arc<str>], limits: Vec<LimitLabel>) -> Self {
-        Self::carried(listeners, routes, limits, None, &Clock::system())
-    }
-
     /// The tables for a config, sharing every series `previous` (the
     /// running config's tables) has with the same labels.
     pub fn carried(
@@ -390,7 +386,7 @@ impl Metrics {
     }
 
     /// One limit's decision for a request; `limit` indexes the labels given
-    /// to [`Metrics::new`].
+    /// to [`Metrics::carried`].
     pub fn decision(&self, limit: usize, outcome: Outcome, authenticated: bool) {
         let cell = outcome as usize * USER_TYPES.len() + usize::from(authenticated);
         if let Some(c) = self.decisions.get(limit) {

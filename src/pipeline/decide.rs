@@ -23,7 +23,7 @@ use super::ctx::{Applied, Cause, Ctx, Rejection, Stop};
 use crate::config::{RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
-use crate::limiter::{most_restrictive, verdict, Check, Store, Verdict};
+use crate::limiter::{most_restrictive, secs, verdict, Check, Store, Verdict};
 use crate::metrics::Outcome;
 
 pub const ZONE_GROUP: u8 = 0;
@@ -211,11 +211,6 @@ fn rejected(
         status,
         route_limit,
     }
-}
-
-/// Whole seconds, rounded up, at least 1 (`Retry-After`, header resets).
-pub fn secs(ms: u64) -> u64 {
-    ms.div_ceil(1000).max(1)
 }
 
 /// Charges the route limits that count only some statuses, now that the

@@ -20,10 +20,9 @@ use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::body::ProxyBody;
 use super::ctx::{Applied, Cause, Rejection};
-use super::decide::secs;
 use crate::config::{write_policy_item, Respond, RouteConfig};
 use crate::error::ProxyError;
-use crate::limiter::{most_restrictive, LimiterError};
+use crate::limiter::{most_restrictive, secs, LimiterError};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
