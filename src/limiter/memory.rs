@@ -22,6 +22,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use hashbrown::HashTable;
+use smallvec::SmallVec;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -219,22 +220,24 @@ impl MemoryStore {
             decisions.push(self.decide_one(check, now));
             return;
         }
-        let targets: Vec<(usize, usize, u64)> = checks
+        // A request's groups hold a few checks: these live on the stack.
+        let targets: SmallVec<[(usize, usize, u64); 4]> = checks
             .iter()
             .map(|c| {
                 let hash = self.hash(c.key);
                 (c.limit.zone, self.zones[c.limit.zone].shard_of(hash), hash)
             })
             .collect();
-        let mut order: Vec<(usize, usize)> = targets.iter().map(|&(z, s, _)| (z, s)).collect();
+        let mut order: SmallVec<[(usize, usize); 4]> =
+            targets.iter().map(|&(z, s, _)| (z, s)).collect();
         order.sort_unstable();
         order.dedup();
         // Always locked in (zone, shard) order: no deadlock between requests.
-        let mut guards: Vec<MutexGuard<'_, Shard>> = order
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> = order
             .iter()
             .map(|&(z, s)| lock(&self.zones[z].shards[s]))
             .collect();
-        let mut slots = Vec::with_capacity(checks.len());
+        let mut slots: SmallVec<[(usize, u32); 4]> = SmallVec::new();
         let first = decisions.len();
         for (check, &(z, s, hash)) in checks.iter().zip(&targets) {
             let g = pos(&order, z, s);

@@ -164,7 +164,9 @@ pub(super) async fn serve<I>(
         // Each request runs on the config current when it arrives.
         let pipeline = live.load_full();
         let info = info.clone();
-        async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) }
+        // The request's future is kilobytes: boxed once, it is written in
+        // place, where hyper's slot for it would take a copy per request.
+        Box::pin(async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) })
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
     let conn = ctx

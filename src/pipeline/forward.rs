@@ -101,6 +101,8 @@ pub fn request_headers(headers: &mut HeaderMap, upgrade: Option<HeaderValue>, fw
     }
     // tollgate answers `Expect: 100-continue` itself when it reads the body.
     headers.remove(header::EXPECT);
+    // Room for the fields added below, made once.
+    headers.reserve(4);
     headers.insert(X_FORWARDED_FOR, fwd.chain);
     headers.insert(X_REAL_IP, fwd.client.clone());
     if !headers.contains_key(X_FORWARDED_PROTO) {

@@ -47,6 +47,41 @@ impl fmt::Display for Key {
     }
 }
 
+impl Key {
+    /// The key as the store sees it (the same text as `Display`), written
+    /// without the formatting machinery for the common case, a whole IPv4
+    /// address: this runs for every limit of every request.
+    pub fn render(&self) -> String {
+        match self {
+            Key::Ip(net) if net.prefix_len() == net.max_prefix_len() => match net.addr() {
+                IpAddr::V4(v4) => {
+                    let mut out = String::with_capacity("ip:255.255.255.255".len());
+                    out.push_str("ip:");
+                    for (i, octet) in v4.octets().into_iter().enumerate() {
+                        if i > 0 {
+                            out.push('.');
+                        }
+                        push_decimal(&mut out, octet);
+                    }
+                    out
+                }
+                IpAddr::V6(_) => self.to_string(),
+            },
+            _ => self.to_string(),
+        }
+    }
+}
+
+fn push_decimal(out: &mut String, n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
+}
+
 /// What a request offers to key on.
 pub struct KeySource<'a> {
     pub client: IpAddr,
@@ -129,6 +164,32 @@ mod tests {
             "{hk}"
         );
         assert_eq!(key("header:x-missing", "203.0.113.7", &anon, &h), None);
+    }
+
+    #[test]
+    fn rendered_keys_are_their_display() {
+        let keys = [
+            "0.0.0.0",
+            "9.10.99.100",
+            "203.0.113.7",
+            "255.255.255.255",
+            "10.0.0.1",
+        ]
+        .map(|ip| Key::Ip(IpNet::from(ip.parse::<IpAddr>().unwrap())));
+        let others = [
+            Key::Ip("10.1.0.0/16".parse().unwrap()),
+            Key::Ip(IpNet::from("2001:db8::1".parse::<IpAddr>().unwrap())),
+            Key::User("jwt:alice".into()),
+            Key::Global,
+        ];
+        for k in keys.iter().chain(&others) {
+            assert_eq!(k.render(), k.to_string());
+        }
+        assert_eq!(keys[1].render(), "ip:9.10.99.100");
+        for n in 0..=255u8 {
+            let k = Key::Ip(IpNet::from(IpAddr::from([n, n, 0, 255])));
+            assert_eq!(k.render(), format!("ip:{n}.{n}.0.255"));
+        }
     }
 
     #[test]

@@ -112,7 +112,7 @@ impl Zones {
             let Some(key) = key::build(&zone.key, &src, cfg) else {
                 continue;
             };
-            let key = key.to_string();
+            let key = key.render();
             self.hold(z, &key, cx)?;
             cx.pending.push(group, zone.dry_run, Origin::Zone(z), key);
         }

@@ -17,6 +17,7 @@
 //! written whole, nothing extra arrived and neither side said `close`.
 
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -869,7 +870,8 @@ pub fn encode_head(parts: &http::request::Parts, length: Option<u64>, chunked: b
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     } else if let Some(n) = length.filter(|_| !parts.headers.contains_key(CONTENT_LENGTH)) {
-        out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+        // Written in place: `format!` would allocate on every request.
+        let _ = write!(out, "content-length: {n}\r\n");
     }
     out.extend_from_slice(b"\r\n");
     out.freeze()
