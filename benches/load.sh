@@ -21,7 +21,9 @@
 # peak RSS of each proxy, and a key churn (a million distinct keys through
 # a 10MB zone keyed by a header) to show memory stays bounded. Every run prints
 # requests/s, p50/p99 latency and the proxy's CPU time per request (user +
-# system, from /proc/<pid>/stat of every process of the proxy); the summary
+# system, from /proc/<pid>/stat of every process of the proxy, and each of
+# the two apart: user space is the proxy's own code, kernel the TCP path it
+# shares with nginx); the summary
 # gives medians over the repetitions and the tollgate / nginx ratios.
 #
 # Needs nginx, wrk and redis-server (installed from Debian's packages when
@@ -163,30 +165,39 @@ for port in $((BASE_PORT + 1)) $((BASE_PORT + 11)) $((BASE_PORT + 13)) $((BASE_P
 done
 NGINX_PIDS="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
 
-ticks() { # pids... -> user+system ticks of them all
-    local t=0 p
-    for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-    echo "$t"
+ticks() { # pids... -> "user system" ticks of them all
+    local u=0 s=0 p a b
+    for p in "$@"; do
+        read -r a b < <(awk '{print $14, $15}' "/proc/$p/stat")
+        u=$((u + a)); s=$((s + b))
+    done
+    echo "$u $s"
 }
 hz=$(getconf CLK_TCK)
+per_req() { # ticks requests -> us per request
+    awk -v t="$1" -v hz="$hz" -v n="$2" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }'
+}
 results="$work/results"
 : > "$results"
 run() { # name conns port pids...
     local name=$1 conns=$2 port=$3
     shift 3
     on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null # warm-up
-    local before out
-    before=$(ticks "$@")
+    local u0 s0 u1 s1 out
+    read -r u0 s0 < <(ticks "$@")
     out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$port/")
-    local used=$(( $(ticks "$@") - before ))
-    local rps p50 p99 n cpu
+    read -r u1 s1 < <(ticks "$@")
+    local rps p50 p99 n cpu user sys
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
     p50=$(awk '$1=="50%" {print $2}' <<<"$out")
     p99=$(awk '$1=="99%" {print $2}' <<<"$out")
     n=$(awk '/requests in/ {print $1}' <<<"$out")
-    cpu=$(awk -v t="$used" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }')
-    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req\n' "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" >&2
-    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu" >> "$results"
+    cpu=$(per_req $((u1 - u0 + s1 - s0)) "$n")
+    user=$(per_req $((u1 - u0)) "$n")
+    sys=$(per_req $((s1 - s0)) "$n")
+    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)\n' \
+        "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" >&2
+    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys" >> "$results"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
@@ -216,19 +227,20 @@ for rep in $(seq "$REPS"); do
 done
 
 # Medians over the repetitions, then the ratios.
-median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu)
+median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu, 7 user, 8 kernel)
     awk -v n="$1" -v c="c$2" -v f="$3" '$1 == n && $2 == c { print $f }' "$results" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "-"; else printf "%.2f", a / b }'; }
 echo
-printf '%-20s %5s %10s %9s %9s %12s\n' "median of $REPS" conns "req/s" "p50 ms" "p99 ms" "cpu us/req"
+printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "median of $REPS" conns "req/s" "p50 ms" "p99 ms" "cpu us/req" user kernel
 names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 for n in $names; do
     for c in 64 256; do
-        printf '%-20s %5s %10s %9s %9s %12s\n' "$n" "$c" "$(median "$n" "$c" 3)" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" "$(median "$n" "$c" 6)"
+        printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "$n" "$c" "$(median "$n" "$c" 3)" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" \
+            "$(median "$n" "$c" 6)" "$(median "$n" "$c" 7)" "$(median "$n" "$c" 8)"
     done
 done
 echo
@@ -237,6 +249,8 @@ compare() { # label a b field
     printf '%-48s %6s %6s\n' "$1" "$(ratio "$(median "$2" 64 "$4")" "$(median "$3" 64 "$4")")" "$(ratio "$(median "$2" 256 "$4")" "$(median "$3" 256 "$4")")"
 }
 compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 6
+compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 7
+compare "allow: kernel CPU per request vs nginx" tollgate-allow nginx-allow 8
 compare "allow: p99 vs nginx" tollgate-allow nginx-allow 5
 compare "allow: throughput vs nginx" tollgate-allow nginx-allow 3
 compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 6
