@@ -20,9 +20,13 @@
 //! Each is seen within a quarter of its value (half for `send_timeout`).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake};
 use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -205,31 +209,63 @@ pub(super) async fn serve<I>(
         conn.as_mut().graceful_shutdown();
         closing = true;
     }
+    // The watchdog's timers and the shutdown signal wake the task through
+    // their own waker, so the wake-ups a request's I/O causes (several per
+    // request) poll the connection alone.
+    let wake = Arc::new(WatchdogWake::default());
+    let watchdog_waker = std::task::Waker::from(wake.clone());
     loop {
-        tokio::select! {
-            biased;
-            res = conn.as_mut() => {
+        // Every branch is (re)armed after an event: poll them all once.
+        wake.woken.store(true, Ordering::Relaxed);
+        let changed = shutdown.changed();
+        tokio::pin!(changed);
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Event::Ended(res));
+            }
+            wake.task.register(cx.waker());
+            if !wake.woken.swap(false, Ordering::AcqRel) {
+                return Poll::Pending;
+            }
+            let mut cx = Context::from_waker(&watchdog_waker);
+            if awaiting_first && first_head.as_mut().poll(&mut cx).is_ready() {
+                return Poll::Ready(Event::FirstHead);
+            }
+            if hard_close_armed && hard_close.as_mut().poll(&mut cx).is_ready() {
+                return Poll::Ready(Event::HardClose);
+            }
+            if !closing && changed.as_mut().poll(&mut cx).is_ready() {
+                return Poll::Ready(Event::Shutdown);
+            }
+            if !closing && idle.as_mut().poll(&mut cx).is_ready() {
+                return Poll::Ready(Event::Tick);
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Ended(res) => {
                 if let Err(e) = res {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
                 break;
             }
-            () = &mut first_head, if awaiting_first => {
+            Event::FirstHead => {
                 awaiting_first = false;
                 if !state.started() {
                     tracing::debug!(%peer, "no request head within header_read_timeout; closing");
                     break;
                 }
             }
-            () = &mut hard_close, if hard_close_armed => {
+            Event::HardClose => {
                 tracing::debug!(%peer, "idle connection did not close gracefully; dropping it");
                 break;
             }
-            _ = shutdown.changed(), if !closing => {
+            Event::Shutdown => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
-            () = &mut idle, if !closing => {
+            Event::Tick => {
                 let now = tokio::time::Instant::now();
                 idle.as_mut().reset(now + tick);
                 let seen = state.activity.load(Ordering::Relaxed);
@@ -263,5 +299,33 @@ pub(super) async fn serve<I>(
                 }
             }
         }
+    }
+}
+
+/// What ended one wait of the connection loop.
+enum Event<E> {
+    Ended(Result<(), E>),
+    FirstHead,
+    HardClose,
+    Shutdown,
+    Tick,
+}
+
+/// The waker of the watchdog's timers and of the shutdown signal: it
+/// records that one of them (not the connection's I/O) woke the task.
+#[derive(Default)]
+struct WatchdogWake {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for WatchdogWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
     }
 }
