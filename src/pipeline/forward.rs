@@ -207,6 +207,42 @@ mod tests {
     }
 
     #[test]
+    fn a_trusted_peer_keeps_its_proto_and_host_unless_it_names_them_hop_by_hop() {
+        let client = HeaderValue::from_static("203.0.113.9");
+        let forward = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = map(pairs);
+            request_headers(
+                &mut h,
+                None,
+                Forwarded {
+                    client: &client,
+                    chain: client.clone(),
+                    trusted: true,
+                    proto: "http",
+                    host: Some(HeaderValue::from_static("api.example.com")),
+                },
+            );
+            h
+        };
+        let kept = forward(&[
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "edge.example.com"),
+        ]);
+        assert_eq!(kept["x-forwarded-proto"], "https");
+        assert_eq!(kept["x-forwarded-host"], "edge.example.com");
+        // Named in Connection, they are hop-by-hop: gone, and ours instead.
+        let named = forward(&[
+            ("connection", "x-forwarded-proto, X-Forwarded-Host"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "edge.example.com"),
+            ("expect", "100-continue"),
+        ]);
+        assert_eq!(named["x-forwarded-proto"], "http");
+        assert_eq!(named["x-forwarded-host"], "api.example.com");
+        assert!(!named.contains_key("connection") && !named.contains_key("expect"));
+    }
+
+    #[test]
     fn upgrades_survive_only_when_asked_for() {
         let h = map(&[
             ("connection", "keep-alive, Upgrade"),
