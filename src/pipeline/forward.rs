@@ -162,6 +162,23 @@ mod tests {
         h
     }
 
+    /// The request fields for the upstream, from client 203.0.113.9 asking
+    /// for api.example.com.
+    fn forward(h: &mut HeaderMap, trusted: bool, proto: &'static str) {
+        let client = HeaderValue::from_static("203.0.113.9");
+        request_headers(
+            h,
+            None,
+            Forwarded {
+                client: &client,
+                chain: client.clone(),
+                trusted,
+                proto,
+                host: Some(HeaderValue::from_static("api.example.com")),
+            },
+        );
+    }
+
     #[test]
     fn connection_named_headers_go_before_ours_are_added() {
         let mut h = map(&[
@@ -175,19 +192,7 @@ mod tests {
             ("expect", "100-continue"),
             ("accept", "*/*"),
         ]);
-        let client = HeaderValue::from_static("203.0.113.9");
-        let host = Some(HeaderValue::from_static("api.example.com"));
-        request_headers(
-            &mut h,
-            None,
-            Forwarded {
-                client: &client,
-                chain: client.clone(),
-                trusted: false,
-                proto: "https",
-                host,
-            },
-        );
+        forward(&mut h, false, "https");
         assert_eq!(h["x-forwarded-for"], "203.0.113.9");
         assert_eq!(h["x-real-ip"], "203.0.113.9");
         assert_eq!(h["x-forwarded-proto"], "https");
@@ -208,20 +213,9 @@ mod tests {
 
     #[test]
     fn a_trusted_peer_keeps_its_proto_and_host_unless_it_names_them_hop_by_hop() {
-        let client = HeaderValue::from_static("203.0.113.9");
         let forward = |pairs: &[(&'static str, &'static str)]| {
             let mut h = map(pairs);
-            request_headers(
-                &mut h,
-                None,
-                Forwarded {
-                    client: &client,
-                    chain: client.clone(),
-                    trusted: true,
-                    proto: "http",
-                    host: Some(HeaderValue::from_static("api.example.com")),
-                },
-            );
+            forward(&mut h, true, "http");
             h
         };
         let kept = forward(&[
