@@ -168,8 +168,8 @@ pub(super) async fn serve<I>(
         // Each request runs on the config current when it arrives.
         let pipeline = live.load_full();
         let info = info.clone();
-        // The request's future is kilobytes: boxed once, it is written in
-        // place, where hyper's slot for it would take a copy per request.
+        // The request's future is kilobytes: boxed, hyper's slot for it
+        // holds a pointer.
         Box::pin(async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) })
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
