@@ -98,6 +98,17 @@ impl ConnState {
         self.activity.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A request body is being read and thrown away after its response
+    /// (`pipeline::discard`): until the guard drops, the watchdog counts
+    /// the connection busy, so the body's bytes are not taken for a late
+    /// next request head, nor the wait for them for idleness. The discard
+    /// has bounds of its own (`lingering_timeout`, `lingering_time`).
+    pub fn discarding(self: &Arc<Self>) -> Discarding {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        Discarding(self.clone())
+    }
+
     /// Bytes came in from the client.
     pub fn bytes_read(&self) {
         self.reading.store(true, Ordering::Relaxed);
@@ -143,6 +154,15 @@ impl ConnState {
             && !self.h2.load(Ordering::Relaxed)
             && self.reading.load(Ordering::Relaxed)
             && !self.busy()
+    }
+}
+
+/// See [`ConnState::discarding`].
+pub struct Discarding(Arc<ConnState>);
+
+impl Drop for Discarding {
+    fn drop(&mut self) {
+        self.0.request_finished();
     }
 }
 

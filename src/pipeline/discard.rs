@@ -46,8 +46,10 @@ pub fn settle(
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
     if small && !expects_continue {
         let conn = conn.clone();
+        let discarding = conn.discarding();
         tokio::spawn(async move {
             let drained = tokio::time::timeout(total, drain(body, each)).await;
+            drop(discarding);
             if !matches!(drained, Ok(true)) {
                 // Dropping the body makes hyper close the connection.
                 conn.linger_on_close();

@@ -205,6 +205,44 @@ async fn a_refused_post_keeps_its_keep_alive_connection() {
 }
 
 #[tokio::test]
+async fn a_refused_body_that_trickles_in_past_header_read_timeout_keeps_the_connection() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&config(&format!(
+        "server: {{ header_read_timeout: 300ms, lingering_timeout: 2s, lingering_time: 10s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
+        up.addr
+    )))
+    .await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Refused from its head; its 10-byte body then arrives a byte every
+    // 100 ms: a slow client, each piece well within lingering_timeout,
+    // the whole well past header_read_timeout. Those bytes are the body
+    // being discarded, not a next request head that is late.
+    s.write_all(b"POST /form HTTP/1.1\r\nHost: a.test\r\nContent-Length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_response(&mut s).await;
+    assert!(resp.starts_with("HTTP/1.1 429"), "{resp}");
+    assert!(!resp.to_lowercase().contains("connection: close"), "{resp}");
+    for _ in 0..10 {
+        // Pacing: a slow client's body, spread over a second.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(b"x").await.unwrap();
+    }
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_response(&mut s).await;
+    assert!(
+        resp.starts_with("HTTP/1.1 429"),
+        "the connection was closed: {resp:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_upload_refused_with_413_is_read_by_the_client() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&config(&format!(
