@@ -16,21 +16,25 @@ use http::header::{HeaderMap, COOKIE};
 use jsonwebtoken::{decode, decode_header, DecodingKey};
 use sha2::{Digest, Sha256};
 
+use crate::clock::Clock;
 use crate::config::{IdentityConfig, JwtConfig, JwtKeys, OnInvalid, TokenSource};
 use crate::error::ProxyError;
 
 /// The identity stage: the configured credentials, if any.
 pub struct Identify {
     config: Option<IdentityConfig>,
+    /// What a token's `exp` and `nbf` are checked against.
+    clock: Clock,
     /// Tokens whose signature was checked, for tests and operators: a
     /// flood refused by the zones must not move it.
     verified: AtomicU64,
 }
 
 impl Identify {
-    pub fn new(config: Option<IdentityConfig>) -> Self {
+    pub fn new(config: Option<IdentityConfig>, clock: Clock) -> Self {
         Identify {
             config,
+            clock,
             verified: AtomicU64::new(0),
         }
     }
@@ -54,7 +58,7 @@ impl Identify {
             self.verified.fetch_add(1, Ordering::Relaxed);
         }
         config
-            .identify(headers)
+            .identify(headers, &self.clock)
             .map_err(|e| ProxyError::Unauthorized(e.0))
     }
 
@@ -77,11 +81,16 @@ pub enum Identity {
 pub struct InvalidCredential(pub String);
 
 impl IdentityConfig {
-    /// Verifies the request's credential. `Err` only with `on_invalid: reject`.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, InvalidCredential> {
+    /// Verifies the request's credential (a token's validity period on
+    /// `clock`). `Err` only with `on_invalid: reject`.
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        clock: &Clock,
+    ) -> Result<Identity, InvalidCredential> {
         if let Some(jwt) = &self.jwt {
             if let Some(token) = token(&jwt.source, headers) {
-                match verify(jwt, token) {
+                match verify(jwt, token, clock) {
                     Ok(user) => return Ok(Identity::User(format!("jwt:{user}"))),
                     Err(reason) => {
                         tracing::debug!(%reason, "unverifiable token; treating the request as anonymous");
@@ -133,7 +142,7 @@ fn token<'a>(source: &TokenSource, headers: &'a HeaderMap) -> Option<&'a str> {
     }
 }
 
-fn verify(jwt: &JwtConfig, token: &str) -> Result<String, String> {
+fn verify(jwt: &JwtConfig, token: &str, clock: &Clock) -> Result<String, String> {
     let key: &DecodingKey = match &jwt.keys {
         JwtKeys::Single(k) => k,
         JwtKeys::Set(keys) => {
@@ -151,10 +160,42 @@ fn verify(jwt: &JwtConfig, token: &str) -> Result<String, String> {
     };
     let data = decode::<serde_json::Map<String, serde_json::Value>>(token, key, &jwt.validation)
         .map_err(|e| format!("token rejected: {e}"))?;
+    check_period(&data.claims, clock.unix_ms() / 1000, jwt.validation.leeway)?;
     match data.claims.get(&jwt.claim) {
         Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
         _ => Err(format!("token has no usable \"{}\" claim", jwt.claim)),
+    }
+}
+
+/// A verified token's validity period at `now` (seconds), with `leeway`
+/// either side: `exp` (required, a whole number of seconds, which the
+/// crate has checked) not passed, `nbf` (when present) reached. These are
+/// the crate's own rules, on tollgate's clock.
+fn check_period(
+    claims: &serde_json::Map<String, serde_json::Value>,
+    now: u64,
+    leeway: u64,
+) -> Result<(), String> {
+    let seconds = |name: &str| match claims.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("token rejected: \"{name}\" is not a time")),
+    };
+    match seconds("exp")? {
+        None => return Err("token rejected: it has no \"exp\"".into()),
+        Some(exp) if exp < now.saturating_sub(leeway) => {
+            return Err("token rejected: it has expired".into())
+        }
+        Some(_) => {}
+    }
+    match seconds("nbf")? {
+        Some(nbf) if nbf > now.saturating_add(leeway) => {
+            Err("token rejected: it is not valid yet".into())
+        }
+        _ => Ok(()),
     }
 }
 

@@ -197,7 +197,7 @@ impl Pipeline {
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
             zones: Zones::new(zones, previous.map(|p| &p.zones)),
-            identity: Identify::new(config.identity.take()),
+            identity: Identify::new(config.identity.take(), engine.clock().clone()),
             engine,
         }
     }

@@ -133,7 +133,7 @@ proptest! {
         headers.insert("authorization", auth);
         headers.insert("x-api-key", key);
         headers.insert("cookie", cookie);
-        let _ = identity.identify(&headers);
+        let _ = identity.identify(&headers, &tollgate::clock::Clock::system());
         tollgate::testing::case_passed();
     }
 }

@@ -55,11 +55,11 @@ fn a_valid_hs256_token_gives_the_user() {
         SECRET,
     );
     assert_eq!(
-        id.identify(&bearer(&token)),
+        id.identify(&bearer(&token), &Clock::system()),
         Ok(Identity::User("jwt:alice".into()))
     );
     assert_eq!(
-        id.identify(&HeaderMap::new()),
+        id.identify(&HeaderMap::new(), &Clock::system()),
         Ok(Identity::Anonymous),
         "no token: anonymous"
     );
@@ -107,15 +107,56 @@ fn bad_tokens_are_anonymous_or_rejected() {
         ("garbage", "not.a.jwt".to_owned()),
     ] {
         assert_eq!(
-            hs256("anonymous").identify(&bearer(&token)),
+            hs256("anonymous").identify(&bearer(&token), &Clock::system()),
             Ok(Identity::Anonymous),
             "{name}"
         );
         assert!(
-            hs256("reject").identify(&bearer(&token)).is_err(),
+            hs256("reject")
+                .identify(&bearer(&token), &Clock::system())
+                .is_err(),
             "{name} must be rejected"
         );
     }
+}
+
+#[test]
+fn a_token_s_validity_period_is_read_on_tollgate_s_clock() {
+    // The default leeway is 30 s either side.
+    let frozen = crate::clock::FrozenClock::new();
+    let clock = frozen.clock();
+    let start = clock.unix_ms() / 1000;
+    let expiring = sign_hs(
+        serde_json::json!({ "sub": "alice", "exp": start + 60 }),
+        SECRET,
+    );
+    let later = sign_hs(
+        serde_json::json!({ "sub": "bob", "exp": start + 3600, "nbf": start + 100 }),
+        SECRET,
+    );
+    let malformed = sign_hs(
+        serde_json::json!({ "sub": "carol", "exp": start + 3600, "nbf": "soon" }),
+        SECRET,
+    );
+    let id = hs256("reject");
+    let who = |token: &str| id.identify(&bearer(token), &clock);
+    assert_eq!(who(&expiring), Ok(Identity::User("jwt:alice".into())));
+    assert!(who(&later).is_err(), "nbf 100 s ahead");
+    assert!(who(&malformed).is_err(), "nbf that is no time");
+    frozen.advance(std::time::Duration::from_secs(75));
+    assert_eq!(
+        who(&later),
+        Ok(Identity::User("jwt:bob".into())),
+        "nbf within leeway"
+    );
+    assert_eq!(
+        who(&expiring),
+        Ok(Identity::User("jwt:alice".into())),
+        "expired 15 s ago, within leeway"
+    );
+    frozen.advance(std::time::Duration::from_secs(20));
+    assert!(who(&expiring).is_err(), "expired 35 s ago");
+    assert_eq!(who(&later), Ok(Identity::User("jwt:bob".into())));
 }
 
 /// base64url without padding, as JWTs use.
@@ -153,7 +194,7 @@ fn rs256_tokens_verify_against_a_pem_public_key_and_a_jwks() {
         pem_path.display()
     ));
     assert_eq!(
-        by_pem.identify(&bearer(&token)),
+        by_pem.identify(&bearer(&token), &Clock::system()),
         Ok(Identity::User("jwt:bob".into()))
     );
     let by_jwks = identity(&format!(
@@ -161,7 +202,7 @@ fn rs256_tokens_verify_against_a_pem_public_key_and_a_jwks() {
         jwks_path.display()
     ));
     assert_eq!(
-        by_jwks.identify(&bearer(&token)),
+        by_jwks.identify(&bearer(&token), &Clock::system()),
         Ok(Identity::User("jwt:bob".into()))
     );
 
@@ -170,7 +211,10 @@ fn rs256_tokens_verify_against_a_pem_public_key_and_a_jwks() {
         "  jwt: {{ algorithms: [RS256], public_key: '{}', issuer: 'https://other' }}\n",
         pem_path.display()
     ));
-    assert_eq!(wrong_iss.identify(&bearer(&token)), Ok(Identity::Anonymous));
+    assert_eq!(
+        wrong_iss.identify(&bearer(&token), &Clock::system()),
+        Ok(Identity::Anonymous)
+    );
 
     // An HS256 token signed with the public key as the secret (the classic
     // algorithm-confusion attack) is not accepted by an RS256 config.
@@ -179,7 +223,10 @@ fn rs256_tokens_verify_against_a_pem_public_key_and_a_jwks() {
         serde_json::json!({ "sub": "mallory", "exp": now() + 600 }),
         &pem_text,
     );
-    assert_eq!(by_pem.identify(&bearer(&confused)), Ok(Identity::Anonymous));
+    assert_eq!(
+        by_pem.identify(&bearer(&confused), &Clock::system()),
+        Ok(Identity::Anonymous)
+    );
 }
 
 fn raw_b64url(bytes: &[u8]) -> String {
@@ -203,14 +250,18 @@ fn api_keys_and_cookies() {
     ));
     let mut h = HeaderMap::new();
     h.insert("x-api-key", HeaderValue::from_static("sk_live_very_secret"));
-    let Ok(Identity::User(user)) = id.identify(&h) else {
+    let Ok(Identity::User(user)) = id.identify(&h, &Clock::system()) else {
         panic!("api key gives a user")
     };
     assert!(
         user.starts_with("apikey:") && !user.contains("sk_live"),
         "{user}"
     );
-    assert_eq!(id.identify(&h), Ok(Identity::User(user)), "stable");
+    assert_eq!(
+        id.identify(&h, &Clock::system()),
+        Ok(Identity::User(user)),
+        "stable"
+    );
 
     let token = sign_hs(serde_json::json!({ "sub": 42, "exp": now() + 600 }), SECRET);
     let mut h = HeaderMap::new();
@@ -218,7 +269,10 @@ fn api_keys_and_cookies() {
         "cookie",
         HeaderValue::from_str(&format!("theme=dark; session={token}")).unwrap(),
     );
-    assert_eq!(id.identify(&h), Ok(Identity::User("jwt:42".into())));
+    assert_eq!(
+        id.identify(&h, &Clock::system()),
+        Ok(Identity::User("jwt:42".into()))
+    );
 }
 
 #[test]
@@ -239,12 +293,15 @@ fn es256_tokens_verify_against_a_pem_public_key() {
         pem_path.display()
     ));
     assert_eq!(
-        id.identify(&bearer(&token)),
+        id.identify(&bearer(&token), &Clock::system()),
         Ok(Identity::User("jwt:carol".into()))
     );
     let wrong_aud = identity(&format!(
         "  jwt: {{ algorithms: [ES256], public_key: '{}', claim: uid, audience: other }}\n",
         pem_path.display()
     ));
-    assert_eq!(wrong_aud.identify(&bearer(&token)), Ok(Identity::Anonymous));
+    assert_eq!(
+        wrong_aud.identify(&bearer(&token), &Clock::system()),
+        Ok(Identity::Anonymous)
+    );
 }
