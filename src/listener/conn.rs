@@ -104,8 +104,9 @@ impl ConnState {
     /// next request head, nor the wait for them for idleness. The discard
     /// has bounds of its own (`lingering_timeout`, `lingering_time`).
     pub fn discarding(self: &Arc<Self>) -> Discarding {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.activity.fetch_add(1, Ordering::Relaxed);
+        // Counted like a request of its own: started now, finished when
+        // the guard drops.
+        self.request_started(false);
         Discarding(self.clone())
     }
 
@@ -188,9 +189,7 @@ pub(super) async fn serve<I>(
         // Each request runs on the config current when it arrives.
         let pipeline = live.load_full();
         let info = info.clone();
-        // The request's future is kilobytes: boxed, hyper's slot for it
-        // holds a pointer.
-        Box::pin(async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) })
+        async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) }
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
     let conn = ctx

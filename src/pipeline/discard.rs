@@ -46,6 +46,7 @@ pub fn settle(
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
     if small && !expects_continue {
         let conn = conn.clone();
+        // The connection is busy, not awaiting a next head, while this runs.
         let discarding = conn.discarding();
         tokio::spawn(async move {
             let drained = tokio::time::timeout(total, drain(body, each)).await;

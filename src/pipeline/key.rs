@@ -53,20 +53,17 @@ impl Key {
     /// address: this runs for every limit of every request.
     pub fn render(&self) -> String {
         match self {
-            Key::Ip(net) if net.prefix_len() == net.max_prefix_len() => match net.addr() {
-                IpAddr::V4(v4) => {
-                    let mut out = String::with_capacity("ip:255.255.255.255".len());
-                    out.push_str("ip:");
-                    for (i, octet) in v4.octets().into_iter().enumerate() {
-                        if i > 0 {
-                            out.push('.');
-                        }
-                        push_decimal(&mut out, octet);
+            Key::Ip(IpNet::V4(net)) if net.prefix_len() == 32 => {
+                let mut out = String::with_capacity("ip:255.255.255.255".len());
+                out.push_str("ip:");
+                for (i, octet) in net.addr().octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
                     }
-                    out
+                    push_decimal(&mut out, octet);
                 }
-                IpAddr::V6(_) => self.to_string(),
-            },
+                out
+            }
             _ => self.to_string(),
         }
     }

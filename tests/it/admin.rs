@@ -251,10 +251,7 @@ async fn keys_are_read_and_reset_on_the_memory_store() {
 #[tokio::test]
 async fn keys_are_read_and_reset_on_redis() {
     let redis = RedisServer::start();
-    let store = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s }}",
-        redis.url()
-    );
+    let store = redis.store_yaml("");
     let proxy = TestProxy::spawn(&admin_config(&store)).await;
     read_and_reset(&proxy).await;
     assert_eq!(
@@ -289,10 +286,7 @@ async fn keys_are_read_and_reset_on_a_redis_cluster() {
 #[tokio::test]
 async fn a_reset_on_one_replica_unblocks_the_client_on_every_replica() {
     let redis = RedisServer::start();
-    let store = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s, cache_rejections: true }}",
-        redis.url()
-    );
+    let store = redis.store_yaml(", cache_rejections: true");
     let a = TestProxy::spawn(&admin_config(&store)).await;
     let b = TestProxy::spawn(&admin_config(&store)).await;
     // Both replicas listen for resets before anything is cached.

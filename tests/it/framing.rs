@@ -164,14 +164,20 @@ async fn read_response(s: &mut TcpStream) -> String {
     }
 }
 
+/// Forwards everything to `up`, one request per client an hour; `server`
+/// is a `server:` section (or nothing).
+async fn one_request_an_hour(up: &Upstream, server: &str) -> TestProxy {
+    TestProxy::spawn(&config(&format!(
+        "{server}upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
+        up.addr
+    )))
+    .await
+}
+
 #[tokio::test]
 async fn a_refused_post_keeps_its_keep_alive_connection() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&config(&format!(
-        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
-        up.addr
-    )))
-    .await;
+    let proxy = one_request_an_hour(&up, "").await;
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     let mut statuses = Vec::new();
     for i in 0..4 {
@@ -207,10 +213,10 @@ async fn a_refused_post_keeps_its_keep_alive_connection() {
 #[tokio::test]
 async fn a_refused_body_that_trickles_in_past_header_read_timeout_keeps_the_connection() {
     let up = Upstream::spawn().await;
-    let proxy = TestProxy::spawn(&config(&format!(
-        "server: {{ header_read_timeout: 300ms, lingering_timeout: 2s, lingering_time: 10s }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
-        up.addr
-    )))
+    let proxy = one_request_an_hour(
+        &up,
+        "server: { header_read_timeout: 300ms, lingering_timeout: 2s, lingering_time: 10s }\n",
+    )
     .await;
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")

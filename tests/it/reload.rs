@@ -127,11 +127,7 @@ async fn counters_survive_a_reload_on_the_memory_store() {
 #[tokio::test]
 async fn counters_survive_a_reload_on_redis() {
     let redis = RedisServer::start();
-    counters_survive(&format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s }}",
-        redis.url()
-    ))
-    .await;
+    counters_survive(&redis.store_yaml("")).await;
 }
 
 /// Routes `/a` (and, with `with_b`, `/b` before it) each with its own
@@ -157,10 +153,7 @@ routes:
 #[tokio::test]
 async fn a_limit_name_on_several_routes_keeps_each_count_on_redis_when_routes_are_added() {
     let redis = RedisServer::start();
-    let store = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s }}",
-        redis.url()
-    );
+    let store = redis.store_yaml("");
     let file = File::new(&shared_name_config(&store, false));
     let proxy = TestProxy::spawn_file(file.path()).await;
     let get_status = |path: &'static str| {

@@ -163,6 +163,15 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// A config's `store:` line for this server (2 s timeout), with
+    /// `extra` settings appended (`, cache_rejections: true`).
+    pub fn store_yaml(&self, extra: &str) -> String {
+        format!(
+            "store: {{ kind: redis, url: '{}', timeout: 2s{extra} }}",
+            self.url()
+        )
+    }
+
     fn try_cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
