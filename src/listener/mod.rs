@@ -664,6 +664,20 @@ async fn connection(
     if !ctx.proxy_protocol {
         return serve_stream(tcp, peer, ctx, stop).await;
     }
+    // Boxed, like TLS below: a plain connection's task is sized for the
+    // plain path alone (about 2.6 KiB rather than 6.7), which is what an
+    // open connection costs between requests.
+    Box::pin(proxied(tcp, peer, ctx, stop)).await
+}
+
+/// A connection on a PROXY protocol listener: the header first, then HTTP
+/// for the client it names.
+async fn proxied(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<ListenerCtx>,
+    stop: watch::Receiver<bool>,
+) {
     if !ctx.live.load().client_ip_config().is_trusted(peer.ip()) {
         tracing::debug!(%peer, listener = %ctx.name, "refusing a PROXY protocol connection from an untrusted peer");
         return;
@@ -702,18 +716,43 @@ async fn serve_stream<I>(
     });
     match &ctx.tls {
         None => conn::serve(io, &ctx, info, stop).await,
+        // A TLS stream is large (its session state is inline): boxed, so
+        // that plain connections' tasks do not carry room for it.
         Some((acceptor, handshake_timeout)) => {
-            match tokio::time::timeout(*handshake_timeout, acceptor.accept(io)).await {
-                Ok(Ok(tls)) => conn::serve(tls, &ctx, info, stop).await,
-                Ok(Err(e)) => {
-                    ctx.stats.tls_failed();
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                }
-                Err(_) => {
-                    ctx.stats.tls_failed();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                }
-            }
+            Box::pin(serve_tls(
+                io,
+                acceptor,
+                *handshake_timeout,
+                &ctx,
+                info,
+                stop,
+            ))
+            .await
+        }
+    }
+}
+
+/// The TLS handshake, then HTTP over it.
+async fn serve_tls<I>(
+    io: I,
+    acceptor: &TlsAcceptor,
+    handshake_timeout: Duration,
+    ctx: &ListenerCtx,
+    info: Arc<ConnInfo>,
+    stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = info.peer;
+    match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+        Ok(Ok(tls)) => conn::serve(tls, ctx, info, stop).await,
+        Ok(Err(e)) => {
+            ctx.stats.tls_failed();
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+        Err(_) => {
+            ctx.stats.tls_failed();
+            tracing::debug!(%peer, "TLS handshake timed out");
         }
     }
 }
