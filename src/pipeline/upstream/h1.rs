@@ -164,6 +164,17 @@ impl Conn {
         }
     }
 
+    /// Readies the connection to wait in the pool: a read buffer grown for
+    /// a large body is let go, so an idle connection holds at most one
+    /// first read's worth (nginx keeps none; dropping this one too would
+    /// cost an allocation per request).
+    pub fn park(&mut self) {
+        self.read_size = FIRST_READ;
+        if self.read.is_empty() && self.read.capacity() > FIRST_READ {
+            self.read = BytesMut::new();
+        }
+    }
+
     /// Reads more into `self.read`: the number of bytes read (0: closed).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.read.reserve(self.read_size);
@@ -875,4 +886,42 @@ pub fn encode_head(parts: &http::request::Parts, length: Option<u64>, chunked: b
     }
     out.extend_from_slice(b"\r\n");
     out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    /// A connection that carried a large body goes back to the pool with
+    /// its grown read buffer let go: 64 such idle connections held 40 MiB.
+    #[tokio::test]
+    async fn a_parked_connection_gives_back_a_buffer_grown_for_a_large_body() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sender = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            tcp.write_all(&vec![b'x'; 1 << 20]).await.unwrap();
+            tcp
+        });
+        let mut conn = Conn::new(Io::Tcp(TcpStream::connect(addr).await.unwrap()));
+        let mut total = 0;
+        while total < 1 << 20 {
+            let n = std::future::poll_fn(|cx| conn.poll_fill(cx)).await.unwrap();
+            assert!(n > 0, "closed after {total} bytes");
+            total += n;
+            // The body is handed on as it arrives, as a response's is.
+            drop(conn.read.split().freeze());
+        }
+        let _upstream = sender.await.unwrap();
+        assert!(conn.read_size > FIRST_READ, "reads never grew");
+        conn.park();
+        assert_eq!(conn.read_size, FIRST_READ);
+        assert!(
+            conn.read.capacity() <= FIRST_READ,
+            "an idle connection keeps {} bytes",
+            conn.read.capacity()
+        );
+    }
 }

@@ -66,7 +66,8 @@ impl Pool {
 
     /// Puts a connection back for the next request, if there is room;
     /// `since` is when it was last used (no clock is read here).
-    pub fn put(&self, conn: Conn, since: Instant) {
+    pub fn put(&self, mut conn: Conn, since: Instant) {
+        conn.park();
         let mut idle = self.lock();
         if idle.len() < self.max_idle {
             idle.push(Idle { conn, since });
