@@ -14,9 +14,10 @@
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, Method, Response, StatusCode};
+use smallvec::SmallVec;
 
 use super::body::ProxyBody;
 use super::ctx::{Applied, Cause, Rejection};
@@ -211,22 +212,22 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
 /// legacy fields, every limit in the IETF ones, a warning per limit past
 /// the route's `warn_at`.
 fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]) {
-    use std::fmt::Write;
     let (style, warn_at) = (route.headers, route.warn_at);
     let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
     let w = &applied[worst];
+    let mut values = Values::with_capacity(if style.ietf { 48 * applied.len() } else { 0 } + 32);
     if style.legacy {
-        headers.insert(X_LIMIT, number(w.decision.limit));
-        headers.insert(X_REMAINING, number(w.decision.remaining));
+        values.number(X_LIMIT, w.decision.limit);
+        values.number(X_REMAINING, w.decision.remaining);
         let reset = secs(w.decision.reset_ms.max(1));
         let reset = if style.reset_epoch {
             crate::clock::unix_ms() / 1000 + reset
         } else {
             reset
         };
-        headers.insert(X_RESET, number(reset));
+        values.number(X_RESET, reset);
     }
     if style.ietf {
         // The policy is the route's as configured unless a decision says
@@ -236,33 +237,40 @@ fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]
             && p.items.iter().zip(applied).all(|((name, q, w), a)| {
                 Arc::ptr_eq(name, &a.name) && a.decision.limit == *q && a.decision.window_ms == *w
             });
-        let policy = match (&p.value, configured) {
-            (Some(v), true) => Some(v.clone()),
+        match (&p.value, configured) {
+            (Some(v), true) => values.ready(RATELIMIT_POLICY, v.clone()),
             _ => {
                 let mut text = String::with_capacity(40 * applied.len());
                 for (i, a) in applied.iter().enumerate() {
                     let d = &a.decision;
                     write_policy_item(&mut text, i == 0, &a.name, d.limit, d.window_ms);
                 }
-                HeaderValue::from_str(&text).ok()
+                values.text(RATELIMIT_POLICY, text.as_bytes());
             }
-        };
-        let mut state = String::with_capacity(40 * applied.len());
+        }
+        let mut digits = itoa::Buffer::new();
+        let state = values.start();
         for (i, a) in applied.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
             let d = &a.decision;
             let t = if d.admitted() {
                 d.reset_ms.div_ceil(1000)
             } else {
                 secs(d.retry_after_ms)
             };
-            let _ = write!(state, "{sep}\"{}\";r={};t={t}", a.name, d.remaining);
+            let b = &mut values.buf;
+            if i > 0 {
+                b.extend_from_slice(b", ");
+            }
+            b.extend_from_slice(b"\"");
+            b.extend_from_slice(a.name.as_bytes());
+            b.extend_from_slice(b"\";r=");
+            b.extend_from_slice(digits.format(d.remaining).as_bytes());
+            b.extend_from_slice(b";t=");
+            b.extend_from_slice(digits.format(t).as_bytes());
         }
-        if let (Some(p), Ok(s)) = (policy, HeaderValue::from_str(&state)) {
-            headers.insert(RATELIMIT_POLICY, p);
-            headers.insert(RATELIMIT, s);
-        }
+        values.finish(RATELIMIT, state);
     }
+    values.insert_into(headers);
     if style.legacy || style.ietf {
         for a in applied {
             let d = &a.decision;
@@ -273,6 +281,78 @@ fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]
                     headers.append(X_WARNING, v);
                 }
             }
+        }
+    }
+}
+
+/// Header values written into one buffer that they all share: one
+/// allocation per response (two with `Bytes`' shared header) rather than
+/// one or two per value. Small numbers need none (see [`number`]).
+struct Values {
+    buf: BytesMut,
+    items: SmallVec<[(HeaderName, Value); 5]>,
+}
+
+enum Value {
+    Ready(HeaderValue),
+    /// `buf[start..end]`.
+    Span(usize, usize),
+}
+
+impl Values {
+    fn with_capacity(n: usize) -> Values {
+        Values {
+            buf: BytesMut::with_capacity(n),
+            items: SmallVec::new(),
+        }
+    }
+
+    fn ready(&mut self, name: HeaderName, value: HeaderValue) {
+        self.items.push((name, Value::Ready(value)));
+    }
+
+    fn number(&mut self, name: HeaderName, n: u64) {
+        if n < SMALL_NUMBERS {
+            return self.ready(name, number(n));
+        }
+        let start = self.start();
+        self.buf
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        self.finish(name, start);
+    }
+
+    fn text(&mut self, name: HeaderName, text: &[u8]) {
+        let start = self.start();
+        self.buf.extend_from_slice(text);
+        self.finish(name, start);
+    }
+
+    /// Where the value written next into `buf` starts.
+    fn start(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// `name`'s value is what was written into `buf` since `start`.
+    fn finish(&mut self, name: HeaderName, start: usize) {
+        let end = self.buf.len();
+        self.items.push((name, Value::Span(start, end)));
+    }
+
+    /// Sets the fields; a value that is not a valid field value (a limit
+    /// name with a quote in it, say) is left out.
+    fn insert_into(self, headers: &mut HeaderMap) {
+        let shared = self.buf.freeze();
+        for (name, value) in self.items {
+            let value = match value {
+                Value::Ready(v) => v,
+                Value::Span(start, end) => {
+                    match HeaderValue::from_maybe_shared(shared.slice(start..end)) {
+                        Ok(v) => v,
+                        Err(_) => continue,
+                    }
+                }
+            };
+            headers.insert(name, value);
         }
     }
 }
@@ -362,6 +442,41 @@ routes:
         assert_eq!(
             policy(&route, &applied(&route, [3, 50])[..1]),
             "\"short\";q=3;w=1"
+        );
+    }
+
+    #[test]
+    fn every_rate_limit_field_reads_its_own_value_from_the_shared_buffer() {
+        let route = route();
+        // Quotas past the table of small numbers are written per response;
+        // the most restrictive limit (fewest left) is the legacy fields'.
+        let mut applied = applied(&route, [1_000_000, 50]);
+        applied[0].decision.remaining = 987_654;
+        applied[0].decision.reset_ms = 7_200_000;
+        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
+        let field = |name: &HeaderName| resp.headers()[name].to_str().unwrap().to_owned();
+        assert_eq!(field(&X_LIMIT), "50");
+        assert_eq!(field(&X_REMAINING), "49");
+        assert_eq!(field(&X_RESET), "1");
+        assert_eq!(
+            field(&RATELIMIT_POLICY),
+            "\"short\";q=1000000;w=1, \"watch\";q=50;w=3600"
+        );
+        assert_eq!(
+            field(&RATELIMIT),
+            "\"short\";r=987654;t=7200, \"watch\";r=49;t=1"
+        );
+        // The large numbers in the legacy fields.
+        applied[1].decision.limit = 5_000_000;
+        applied[1].decision.remaining = 4_999_999;
+        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
+        let field = |name: &HeaderName| resp.headers()[name].to_str().unwrap().to_owned();
+        assert_eq!(field(&X_LIMIT), "1000000");
+        assert_eq!(field(&X_REMAINING), "987654");
+        assert_eq!(field(&X_RESET), "7200");
+        assert_eq!(
+            field(&RATELIMIT),
+            "\"short\";r=987654;t=7200, \"watch\";r=4999999;t=1"
         );
     }
 
