@@ -273,8 +273,20 @@ hwm() { # pids... -> MiB
     for p in "$@"; do kb=$((kb + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done
     awk -v k="$kb" 'BEGIN { printf "%.1f", k / 1024 }'
 }
+# What is resident now, split into private memory (heap, stacks) and file
+# pages (the binary's and the libraries' code, shared with the page cache):
+# the first is what each connection and key costs.
+split() { # pids... -> "anon X + file Y"
+    local a=0 f=0 p
+    for p in "$@"; do
+        a=$((a + $(awk '/RssAnon/ {print $2}' "/proc/$p/status")))
+        f=$((f + $(awk '/RssFile/ {print $2}' "/proc/$p/status")))
+    done
+    awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
+}
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
+echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
 # 1M distinct keys through a 10MB zone: memory stays bounded by the zone.
 churned=0
 before=$(hwm "$TG_CHURN")
