@@ -27,6 +27,8 @@ use std::task::{Context, Poll, Wake};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
+use http_body::Body as _;
+use smallvec::SmallVec;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -346,5 +348,133 @@ impl Wake for WatchdogWake {
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
         self.task.wake();
+    }
+}
+
+/// PROTOTYPE: HTTP/1.1 without hyper, for measuring what hyper's server
+/// side costs. Bodiless requests only; no timeouts, no pipelining checks.
+pub(super) async fn serve_proto<I>(mut io: I, ctx: &ListenerCtx, info: Arc<ConnInfo>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use bytes::{Buf, BytesMut};
+    use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let live = ctx.live.clone();
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut out: Vec<u8> = Vec::with_capacity(1024);
+    let mut date: (u64, [u8; 29]) = (0, [0; 29]);
+    loop {
+        let req = loop {
+            if !buf.is_empty() {
+                let mut hs = [httparse::EMPTY_HEADER; 64];
+                let mut parsed = httparse::Request::new(&mut hs);
+                match parsed.parse(&buf) {
+                    Ok(httparse::Status::Complete(n)) => {
+                        let base = buf.as_ptr() as usize;
+                        let method = http::Method::from_bytes(parsed.method.unwrap().as_bytes());
+                        let path = parsed.path.unwrap();
+                        let p0 = path.as_ptr() as usize - base;
+                        let p1 = p0 + path.len();
+                        let version = if parsed.version == Some(0) {
+                            http::Version::HTTP_10
+                        } else {
+                            http::Version::HTTP_11
+                        };
+                        let mut headers = http::HeaderMap::with_capacity(parsed.headers.len());
+                        let mut spans: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
+                        for h in parsed.headers.iter() {
+                            let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+                                return;
+                            };
+                            let v0 = h.value.as_ptr() as usize - base;
+                            spans.push((name, v0, v0 + h.value.len()));
+                        }
+                        let head = buf.split_to(n).freeze();
+                        for (name, a, b) in spans {
+                            let Ok(v) = HeaderValue::from_maybe_shared(head.slice(a..b)) else {
+                                return;
+                            };
+                            headers.append(name, v);
+                        }
+                        let Ok(uri) = http::Uri::from_maybe_shared(head.slice(p0..p1)) else {
+                            return;
+                        };
+                        let Ok(method) = method else { return };
+                        let mut req = http::Request::new(());
+                        *req.method_mut() = method;
+                        *req.uri_mut() = uri;
+                        *req.version_mut() = version;
+                        *req.headers_mut() = headers;
+                        break req;
+                    }
+                    Ok(httparse::Status::Partial) => {}
+                    Err(_) => return,
+                }
+            }
+            match io.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        };
+        let pipeline = live.load_full();
+        let resp = pipeline.handle_parts(req, None, &info).await;
+        let (parts, mut body) = resp.into_parts();
+        out.clear();
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(parts.status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for (name, value) in &parts.headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        let now = std::time::SystemTime::now();
+        let secs = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if parts.headers.contains_key(http::header::DATE) {
+        } else if secs != date.0 {
+            date.0 = secs;
+            date.1
+                .copy_from_slice(httpdate::fmt_http_date(now).as_bytes());
+        }
+        if !parts.headers.contains_key(http::header::DATE) {
+            out.extend_from_slice(b"date: ");
+            out.extend_from_slice(&date.1);
+            out.extend_from_slice(b"\r\n");
+        }
+        let mut data = BytesMut::new();
+        while let Some(frame) =
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+        {
+            match frame {
+                Ok(f) => {
+                    if let Ok(mut d) = f.into_data() {
+                        while d.has_remaining() {
+                            let c = d.chunk();
+                            data.extend_from_slice(c);
+                            let n = c.len();
+                            d.advance(n);
+                        }
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        if !parts.headers.contains_key(CONTENT_LENGTH) {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&data);
+        drop(body);
+        if io.write_all(&out).await.is_err() {
+            return;
+        }
     }
 }

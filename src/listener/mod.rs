@@ -714,7 +714,10 @@ async fn serve_stream<I>(
         tls: ctx.tls.is_some(),
         state: Arc::new(ConnState::new(ctx.stats.clone())),
     });
+    static PROTO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let proto = *PROTO.get_or_init(|| std::env::var_os("TOLLGATE_PROTO_H1").is_some());
     match &ctx.tls {
+        None if proto => conn::serve_proto(io, &ctx, info).await,
         None => conn::serve(io, &ctx, info, stop).await,
         // A TLS stream is large (its session state is inline): boxed, so
         // that plain connections' tasks do not carry room for it.
