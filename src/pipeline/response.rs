@@ -217,7 +217,12 @@ fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]
         return;
     };
     let w = &applied[worst];
-    let mut values = Values::with_capacity(if style.ietf { 48 * applied.len() } else { 0 } + 32);
+    // Room for the IETF fields; the legacy ones alone mostly need none.
+    let mut values = Values::with_capacity(if style.ietf {
+        48 * applied.len() + 32
+    } else {
+        0
+    });
     if style.legacy {
         values.number(X_LIMIT, w.decision.limit);
         values.number(X_REMAINING, w.decision.remaining);
@@ -448,35 +453,38 @@ routes:
     #[test]
     fn every_rate_limit_field_reads_its_own_value_from_the_shared_buffer() {
         let route = route();
+        let fields = |applied: &[Applied]| {
+            let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), applied);
+            [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT]
+                .map(|name| resp.headers()[name].to_str().unwrap().to_owned())
+        };
         // Quotas past the table of small numbers are written per response;
         // the most restrictive limit (fewest left) is the legacy fields'.
         let mut applied = applied(&route, [1_000_000, 50]);
         applied[0].decision.remaining = 987_654;
         applied[0].decision.reset_ms = 7_200_000;
-        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
-        let field = |name: &HeaderName| resp.headers()[name].to_str().unwrap().to_owned();
-        assert_eq!(field(&X_LIMIT), "50");
-        assert_eq!(field(&X_REMAINING), "49");
-        assert_eq!(field(&X_RESET), "1");
         assert_eq!(
-            field(&RATELIMIT_POLICY),
-            "\"short\";q=1000000;w=1, \"watch\";q=50;w=3600"
-        );
-        assert_eq!(
-            field(&RATELIMIT),
-            "\"short\";r=987654;t=7200, \"watch\";r=49;t=1"
+            fields(&applied),
+            [
+                "50",
+                "49",
+                "1",
+                "\"short\";q=1000000;w=1, \"watch\";q=50;w=3600",
+                "\"short\";r=987654;t=7200, \"watch\";r=49;t=1",
+            ]
         );
         // The large numbers in the legacy fields.
         applied[1].decision.limit = 5_000_000;
         applied[1].decision.remaining = 4_999_999;
-        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
-        let field = |name: &HeaderName| resp.headers()[name].to_str().unwrap().to_owned();
-        assert_eq!(field(&X_LIMIT), "1000000");
-        assert_eq!(field(&X_REMAINING), "987654");
-        assert_eq!(field(&X_RESET), "7200");
         assert_eq!(
-            field(&RATELIMIT),
-            "\"short\";r=987654;t=7200, \"watch\";r=4999999;t=1"
+            fields(&applied),
+            [
+                "1000000",
+                "987654",
+                "7200",
+                "\"short\";q=1000000;w=1, \"watch\";q=5000000;w=3600",
+                "\"short\";r=987654;t=7200, \"watch\";r=4999999;t=1",
+            ]
         );
     }
 
