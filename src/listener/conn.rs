@@ -372,8 +372,10 @@ where
                 match parsed.parse(&buf) {
                     Ok(httparse::Status::Complete(n)) => {
                         let base = buf.as_ptr() as usize;
-                        let method = http::Method::from_bytes(parsed.method.unwrap().as_bytes());
-                        let path = parsed.path.unwrap();
+                        let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+                            return;
+                        };
+                        let method = http::Method::from_bytes(method.as_bytes());
                         let p0 = path.as_ptr() as usize - base;
                         let p1 = p0 + path.len();
                         let version = if parsed.version == Some(0) {

@@ -23,9 +23,8 @@ use http::header::{HeaderValue, CONNECTION};
 use http::{Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
-use super::body::ProxyBody;
+use super::body::{ClientBody, ProxyBody};
 use crate::listener::conn::ConnState;
 
 /// The largest unread body discarded to keep a connection open.
@@ -33,7 +32,7 @@ pub const DISCARD_BYTES: u64 = 64 << 10;
 
 /// Settles `body`, which nobody read, for the response `resp`.
 pub fn settle(
-    body: Incoming,
+    body: ClientBody,
     resp: &mut Response<ProxyBody>,
     version: Version,
     expects_continue: bool,
@@ -65,7 +64,7 @@ pub fn settle(
 
 /// Reads `body` to its end and throws it away: whether it ended within the
 /// bounds (at most [`DISCARD_BYTES`], each piece within `each`).
-async fn drain(mut body: Incoming, each: Duration) -> bool {
+async fn drain(mut body: ClientBody, each: Duration) -> bool {
     let mut read = 0u64;
     loop {
         match tokio::time::timeout(each, body.frame()).await {

@@ -47,7 +47,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use self::body::ProxyBody;
+use self::body::{ClientBody, ProxyBody};
 use self::client_ip::ClientIp;
 use self::ctx::{Ctx, Stop};
 use self::decide::Origin;
@@ -357,7 +357,7 @@ impl Pipeline {
     /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
-        self.handle_parts(Request::from_parts(parts, ()), Some(body), conn)
+        self.handle_parts(Request::from_parts(parts, ()), Some(body.into()), conn)
             .await
     }
 
@@ -365,7 +365,7 @@ impl Pipeline {
     pub async fn handle_parts(
         &self,
         req: Request<()>,
-        body: Option<Incoming>,
+        body: Option<ClientBody>,
         conn: &ConnInfo,
     ) -> Response<ProxyBody> {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
@@ -456,7 +456,7 @@ impl Pipeline {
     async fn serve<'p>(
         &'p self,
         mut req: Request<()>,
-        body: &mut Option<Incoming>,
+        body: &mut Option<ClientBody>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
     ) -> Result<Response<ProxyBody>, Stop> {

@@ -9,11 +9,10 @@ use std::time::Duration;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
-use super::body::{ProxyBody, RequestBody};
+use super::body::{ClientBody, ProxyBody, RequestBody};
 use super::client_ip;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
@@ -30,7 +29,7 @@ use crate::error::ProxyError;
 pub async fn forward(
     cx: &mut Ctx<'_>,
     mut req: Request<()>,
-    body: &mut Option<Incoming>,
+    body: &mut Option<ClientBody>,
     conn: &ConnInfo,
     upstream: &Upstream,
     route: &RouteConfig,
