@@ -434,15 +434,14 @@ where
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        let now = std::time::SystemTime::now();
-        let secs = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let secs = crate::clock::unix_ms() / 1000;
         if parts.headers.contains_key(http::header::DATE) {
         } else if secs != date.0 {
             date.0 = secs;
-            date.1
-                .copy_from_slice(httpdate::fmt_http_date(now).as_bytes());
+            date.1.copy_from_slice(
+                httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+                    .as_bytes(),
+            );
         }
         if !parts.headers.contains_key(http::header::DATE) {
             out.extend_from_slice(b"date: ");
