@@ -213,19 +213,19 @@ mod tests {
 
     #[test]
     fn a_trusted_peer_keeps_its_proto_and_host_unless_it_names_them_hop_by_hop() {
-        let forward = |pairs: &[(&'static str, &'static str)]| {
+        let forwarded = |pairs: &[(&'static str, &'static str)]| {
             let mut h = map(pairs);
             forward(&mut h, true, "http");
             h
         };
-        let kept = forward(&[
+        let kept = forwarded(&[
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "edge.example.com"),
         ]);
         assert_eq!(kept["x-forwarded-proto"], "https");
         assert_eq!(kept["x-forwarded-host"], "edge.example.com");
         // Named in Connection, they are hop-by-hop: gone, and ours instead.
-        let named = forward(&[
+        let named = forwarded(&[
             ("connection", "x-forwarded-proto, X-Forwarded-Host"),
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "edge.example.com"),
