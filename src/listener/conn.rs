@@ -1,6 +1,8 @@
-//! One client connection: HTTP/1.1 or HTTP/2 (sniffed by hyper-util's auto
-//! builder, so h2c prior knowledge works on plain listeners and ALPN `h2` on
-//! TLS ones), served until it ends, the server shuts down, or it sits idle.
+//! One client connection served by hyper (HTTP/2, sniffed by hyper-util's
+//! auto builder so h2c prior knowledge works on plain listeners and ALPN
+//! `h2` on TLS ones; HTTP/1.x that `h1`'s fast path handed over) until it
+//! ends, the server shuts down, or it sits idle; and the watchdog that
+//! times every connection, whichever server it is on.
 //!
 //! Every connection must complete its first request head within
 //! `server.header_read_timeout` of being accepted (after its TLS handshake)
@@ -21,17 +23,18 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
-use http_body::Body as _;
-use smallvec::SmallVec;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
@@ -63,6 +66,9 @@ pub struct ConnState {
     /// Response frames the client has taken, ever: the send watchdog sees
     /// a stall as this not moving (no clock read per frame).
     frames_sent: AtomicU64,
+    /// Asked to close once what is in flight is done (shutdown, idle):
+    /// how tollgate's own HTTP/1.1 server hears it (`h1`).
+    closing: AtomicBool,
     /// Its listener's connection counters.
     stats: Arc<ListenerStats>,
 }
@@ -80,6 +86,7 @@ impl ConnState {
             linger: AtomicBool::new(false),
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
             stats,
         }
     }
@@ -135,6 +142,16 @@ impl ConnState {
         self.responding.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Asks the connection to close after the response in flight (at
+    /// once if there is none).
+    pub fn close_gracefully(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
+    pub fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
     /// A response frame went to the client.
     pub fn frame_sent(&self) {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -175,7 +192,9 @@ impl Drop for ConnState {
     }
 }
 
-/// Serves HTTP on an accepted (and, for TLS listeners, handshaken) stream.
+/// Serves HTTP with hyper on an accepted (and, for TLS listeners,
+/// handshaken) stream: HTTP/2, and HTTP/1.x connections the fast path
+/// (`h1`) hands over.
 pub(super) async fn serve<I>(
     io: I,
     ctx: &ListenerCtx,
@@ -184,7 +203,7 @@ pub(super) async fn serve<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (live, idle_timeout) = (ctx.live.clone(), ctx.idle_timeout);
+    let live = ctx.live.clone();
     let state = info.state.clone();
     let peer = info.peer;
     let service = service_fn(move |req| {
@@ -198,6 +217,24 @@ pub(super) async fn serve<I>(
         .builder
         .serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
+    let graceful = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);
+    if let Some(Err(e)) = watch(conn, graceful, ctx, &state, peer, &mut shutdown).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Drives `conn` (a connection being served) under the watchdog: its
+/// output when it ends by itself, `None` when the watchdog closed it.
+/// `graceful` asks it to finish what is in flight and close.
+pub(super) async fn watch<C: Future>(
+    mut conn: Pin<&mut C>,
+    mut graceful: impl FnMut(Pin<&mut C>),
+    ctx: &ListenerCtx,
+    state: &ConnState,
+    peer: SocketAddr,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<C::Output> {
+    let idle_timeout = ctx.idle_timeout;
     let first_head = tokio::time::sleep(ctx.header_read_timeout);
     tokio::pin!(first_head);
     let mut awaiting_first = true;
@@ -227,7 +264,7 @@ pub(super) async fn serve<I>(
     tokio::pin!(hard_close);
     let mut hard_close_armed = false;
     if *shutdown.borrow() {
-        conn.as_mut().graceful_shutdown();
+        graceful(conn.as_mut());
         closing = true;
     }
     // The watchdog's timers and the shutdown signal wake the task through
@@ -265,12 +302,7 @@ pub(super) async fn serve<I>(
         })
         .await;
         match event {
-            Event::Ended(res) => {
-                if let Err(e) = res {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                break;
-            }
+            Event::Ended(out) => return Some(out),
             Event::FirstHead => {
                 awaiting_first = false;
                 if !state.started() {
@@ -283,7 +315,7 @@ pub(super) async fn serve<I>(
                 break;
             }
             Event::Shutdown => {
-                conn.as_mut().graceful_shutdown();
+                graceful(conn.as_mut());
                 closing = true;
             }
             Event::Tick => {
@@ -305,7 +337,7 @@ pub(super) async fn serve<I>(
                     }
                 } else if !state.busy() && now - quiet_since >= idle_timeout {
                     tracing::debug!(%peer, "closing idle connection");
-                    conn.as_mut().graceful_shutdown();
+                    graceful(conn.as_mut());
                     closing = true;
                     hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
                     hard_close_armed = true;
@@ -321,11 +353,12 @@ pub(super) async fn serve<I>(
             }
         }
     }
+    None
 }
 
 /// What ended one wait of the connection loop.
-enum Event<E> {
-    Ended(Result<(), E>),
+enum Event<T> {
+    Ended(T),
     FirstHead,
     HardClose,
     Shutdown,
@@ -348,134 +381,5 @@ impl Wake for WatchdogWake {
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
         self.task.wake();
-    }
-}
-
-/// PROTOTYPE: HTTP/1.1 without hyper, for measuring what hyper's server
-/// side costs. Bodiless requests only; no timeouts, no pipelining checks.
-pub(super) async fn serve_proto<I>(mut io: I, ctx: &ListenerCtx, info: Arc<ConnInfo>)
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    use bytes::{Buf, BytesMut};
-    use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let live = ctx.live.clone();
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut out: Vec<u8> = Vec::with_capacity(1024);
-    let mut date: (u64, [u8; 29]) = (0, [0; 29]);
-    loop {
-        let req = loop {
-            if !buf.is_empty() {
-                let mut hs = [httparse::EMPTY_HEADER; 64];
-                let mut parsed = httparse::Request::new(&mut hs);
-                match parsed.parse(&buf) {
-                    Ok(httparse::Status::Complete(n)) => {
-                        let base = buf.as_ptr() as usize;
-                        let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
-                            return;
-                        };
-                        let method = http::Method::from_bytes(method.as_bytes());
-                        let p0 = path.as_ptr() as usize - base;
-                        let p1 = p0 + path.len();
-                        let version = if parsed.version == Some(0) {
-                            http::Version::HTTP_10
-                        } else {
-                            http::Version::HTTP_11
-                        };
-                        let mut headers = http::HeaderMap::with_capacity(parsed.headers.len());
-                        let mut spans: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
-                        for h in parsed.headers.iter() {
-                            let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
-                                return;
-                            };
-                            let v0 = h.value.as_ptr() as usize - base;
-                            spans.push((name, v0, v0 + h.value.len()));
-                        }
-                        let head = buf.split_to(n).freeze();
-                        for (name, a, b) in spans {
-                            let Ok(v) = HeaderValue::from_maybe_shared(head.slice(a..b)) else {
-                                return;
-                            };
-                            headers.append(name, v);
-                        }
-                        let Ok(uri) = http::Uri::from_maybe_shared(head.slice(p0..p1)) else {
-                            return;
-                        };
-                        let Ok(method) = method else { return };
-                        let mut req = http::Request::new(());
-                        *req.method_mut() = method;
-                        *req.uri_mut() = uri;
-                        *req.version_mut() = version;
-                        *req.headers_mut() = headers;
-                        break req;
-                    }
-                    Ok(httparse::Status::Partial) => {}
-                    Err(_) => return,
-                }
-            }
-            match io.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        };
-        let pipeline = live.load_full();
-        let resp = pipeline.handle_parts(req, None, &info).await;
-        let (parts, mut body) = resp.into_parts();
-        out.clear();
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(parts.status.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
-        out.extend_from_slice(b"\r\n");
-        for (name, value) in &parts.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        let secs = crate::clock::unix_ms() / 1000;
-        if parts.headers.contains_key(http::header::DATE) {
-        } else if secs != date.0 {
-            date.0 = secs;
-            date.1.copy_from_slice(
-                httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(secs))
-                    .as_bytes(),
-            );
-        }
-        if !parts.headers.contains_key(http::header::DATE) {
-            out.extend_from_slice(b"date: ");
-            out.extend_from_slice(&date.1);
-            out.extend_from_slice(b"\r\n");
-        }
-        let mut data = BytesMut::new();
-        while let Some(frame) =
-            std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
-        {
-            match frame {
-                Ok(f) => {
-                    if let Ok(mut d) = f.into_data() {
-                        while d.has_remaining() {
-                            let c = d.chunk();
-                            data.extend_from_slice(c);
-                            let n = c.len();
-                            d.advance(n);
-                        }
-                    }
-                }
-                Err(_) => return,
-            }
-        }
-        if !parts.headers.contains_key(CONTENT_LENGTH) {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&data);
-        drop(body);
-        if io.write_all(&out).await.is_err() {
-            return;
-        }
     }
 }

@@ -61,13 +61,15 @@ impl Stall {
     }
 }
 
-/// The client's request body as the HTTP server stage hands it over:
-/// hyper's today (HTTP/1.1 and HTTP/2). The stages past the server read it
-/// through this type alone, so an HTTP/1.1 server of tollgate's own can add
-/// its body beside hyper's.
+/// The client's request body as the HTTP server stage hands it over. The
+/// stages past the server read it through this type alone.
 #[derive(Debug)]
 pub enum ClientBody {
+    /// Streamed by hyper (HTTP/2, and HTTP/1.x off the fast path).
     Hyper(Incoming),
+    /// Read whole with its head by the HTTP/1.1 fast path (`listener::h1`):
+    /// `None` once taken, or when there was none.
+    Read(Option<Bytes>),
 }
 
 impl From<Incoming> for ClientBody {
@@ -86,18 +88,23 @@ impl Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Read(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::Read(data) => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::Read(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
         }
     }
 }

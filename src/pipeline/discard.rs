@@ -39,7 +39,8 @@ pub fn settle(
     conn: &Arc<ConnState>,
     (each, total): (Duration, Duration),
 ) {
-    if version >= Version::HTTP_2 || body.is_end_stream() {
+    // A body read with its head has nothing left on the connection.
+    if version >= Version::HTTP_2 || body.is_end_stream() || matches!(body, ClientBody::Read(_)) {
         return;
     }
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
