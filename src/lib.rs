@@ -5,7 +5,9 @@
 //! ```text
 //! accept (listener)          TCP, max-connections cap, graceful shutdown
 //!   -> TLS (listener::tls)   rustls; SNI picks the certificate; ALPN h2 / http/1.1
-//!   -> HTTP (listener::conn) hyper-util auto: HTTP/1.1 and HTTP/2; header/idle limits
+//!   -> HTTP (listener::h1) HTTP/1.x fast path: bodiless and small-body requests;
+//!      (listener::conn) hyper for HTTP/2 and every other HTTP/1.x connection;
+//!      one watchdog for header/idle/send limits
 //!   (listener::proxy_protocol: PROXY v1/v2 from trusted peers, before TLS)
 //!   -> pipeline::client_ip   who the client is: trusted real-IP resolution
 //!   -> pipeline::route       host / path / method match

@@ -1,6 +1,8 @@
-//! One client connection: HTTP/1.1 or HTTP/2 (sniffed by hyper-util's auto
-//! builder, so h2c prior knowledge works on plain listeners and ALPN `h2` on
-//! TLS ones), served until it ends, the server shuts down, or it sits idle.
+//! One client connection served by hyper (HTTP/2, sniffed by hyper-util's
+//! auto builder so h2c prior knowledge works on plain listeners and ALPN
+//! `h2` on TLS ones; HTTP/1.x that `h1`'s fast path handed over) until it
+//! ends, the server shuts down, or it sits idle; and the watchdog that
+//! times every connection, whichever server it is on.
 //!
 //! Every connection must complete its first request head within
 //! `server.header_read_timeout` of being accepted (after its TLS handshake)
@@ -21,6 +23,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake};
@@ -30,6 +34,7 @@ use futures_util::task::AtomicWaker;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
@@ -61,6 +66,9 @@ pub struct ConnState {
     /// Response frames the client has taken, ever: the send watchdog sees
     /// a stall as this not moving (no clock read per frame).
     frames_sent: AtomicU64,
+    /// Asked to close once what is in flight is done (shutdown, idle):
+    /// how tollgate's own HTTP/1.1 server hears it (`h1`).
+    closing: AtomicBool,
     /// Its listener's connection counters.
     stats: Arc<ListenerStats>,
 }
@@ -78,6 +86,7 @@ impl ConnState {
             linger: AtomicBool::new(false),
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
             stats,
         }
     }
@@ -133,6 +142,16 @@ impl ConnState {
         self.responding.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Asks the connection to close after the response in flight (at
+    /// once if there is none).
+    pub fn close_gracefully(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
+    pub fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
     /// A response frame went to the client.
     pub fn frame_sent(&self) {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -173,7 +192,9 @@ impl Drop for ConnState {
     }
 }
 
-/// Serves HTTP on an accepted (and, for TLS listeners, handshaken) stream.
+/// Serves HTTP with hyper on an accepted (and, for TLS listeners,
+/// handshaken) stream: HTTP/2, and HTTP/1.x connections the fast path
+/// (`h1`) hands over.
 pub(super) async fn serve<I>(
     io: I,
     ctx: &ListenerCtx,
@@ -182,7 +203,7 @@ pub(super) async fn serve<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (live, idle_timeout) = (ctx.live.clone(), ctx.idle_timeout);
+    let live = ctx.live.clone();
     let state = info.state.clone();
     let peer = info.peer;
     let service = service_fn(move |req| {
@@ -196,6 +217,24 @@ pub(super) async fn serve<I>(
         .builder
         .serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
+    let graceful = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);
+    if let Some(Err(e)) = watch(conn, graceful, ctx, &state, peer, &mut shutdown).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Drives `conn` (a connection being served) under the watchdog: its
+/// output when it ends by itself, `None` when the watchdog closed it.
+/// `graceful` asks it to finish what is in flight and close.
+pub(super) async fn watch<C: Future>(
+    mut conn: Pin<&mut C>,
+    mut graceful: impl FnMut(Pin<&mut C>),
+    ctx: &ListenerCtx,
+    state: &ConnState,
+    peer: SocketAddr,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<C::Output> {
+    let idle_timeout = ctx.idle_timeout;
     let first_head = tokio::time::sleep(ctx.header_read_timeout);
     tokio::pin!(first_head);
     let mut awaiting_first = true;
@@ -225,7 +264,7 @@ pub(super) async fn serve<I>(
     tokio::pin!(hard_close);
     let mut hard_close_armed = false;
     if *shutdown.borrow() {
-        conn.as_mut().graceful_shutdown();
+        graceful(conn.as_mut());
         closing = true;
     }
     // The watchdog's timers and the shutdown signal wake the task through
@@ -263,12 +302,7 @@ pub(super) async fn serve<I>(
         })
         .await;
         match event {
-            Event::Ended(res) => {
-                if let Err(e) = res {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                break;
-            }
+            Event::Ended(out) => return Some(out),
             Event::FirstHead => {
                 awaiting_first = false;
                 if !state.started() {
@@ -281,7 +315,7 @@ pub(super) async fn serve<I>(
                 break;
             }
             Event::Shutdown => {
-                conn.as_mut().graceful_shutdown();
+                graceful(conn.as_mut());
                 closing = true;
             }
             Event::Tick => {
@@ -303,7 +337,7 @@ pub(super) async fn serve<I>(
                     }
                 } else if !state.busy() && now - quiet_since >= idle_timeout {
                     tracing::debug!(%peer, "closing idle connection");
-                    conn.as_mut().graceful_shutdown();
+                    graceful(conn.as_mut());
                     closing = true;
                     hard_close.as_mut().reset(now + IDLE_CLOSE_BOUND);
                     hard_close_armed = true;
@@ -319,11 +353,12 @@ pub(super) async fn serve<I>(
             }
         }
     }
+    None
 }
 
 /// What ended one wait of the connection loop.
-enum Event<E> {
-    Ended(Result<(), E>),
+enum Event<T> {
+    Ended(T),
     FirstHead,
     HardClose,
     Shutdown,

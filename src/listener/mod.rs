@@ -7,8 +7,10 @@
 //! in-flight requests, and waits up to `server.shutdown_grace`.
 
 pub mod conn;
+pub mod h1;
 pub mod linger;
 pub mod proxy_protocol;
+pub mod rewind;
 pub mod tls;
 pub mod workers;
 
@@ -93,6 +95,9 @@ struct ListenerCtx {
     lingering_timeout: Duration,
     /// A response the client takes nothing of for this long ends it.
     send_timeout: Duration,
+    /// The largest request head and most headers the HTTP/1.1 fast path
+    /// takes (what hyper would: past them hyper answers 431).
+    head_limits: h1::HeadLimits,
 }
 
 /// A listener accepting: its context (swapped by reloads) and its stop.
@@ -391,6 +396,7 @@ impl State {
             lingering_time: s.lingering_time,
             lingering_timeout: s.lingering_timeout,
             send_timeout: s.send_timeout,
+            head_limits: head_limits(s),
         }
     }
 
@@ -593,6 +599,15 @@ impl State {
     }
 }
 
+/// Headers past our own limit still get parsed, so the client gets
+/// tollgate's 431 problem body; past these, a bare 431 is the backstop.
+fn head_limits(s: &ServerConfig) -> h1::HeadLimits {
+    (
+        (s.max_header_bytes * 2).max(64 << 10),
+        (s.max_headers * 2).max(100),
+    )
+}
+
 fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
@@ -601,10 +616,8 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // timer would cost a timer per request.
         .header_read_timeout(None)
         .keep_alive(true)
-        // Headers past our own limit still get parsed, so the client gets
-        // tollgate's 431 problem body; hyper's bare 431 is the backstop.
-        .max_buf_size((s.max_header_bytes * 2).max(64 << 10))
-        .max_headers((s.max_headers * 2).max(100));
+        .max_buf_size(head_limits(s).0)
+        .max_headers(head_limits(s).1);
     b.http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(s.h2_max_concurrent_streams)
@@ -715,7 +728,9 @@ async fn serve_stream<I>(
         state: Arc::new(ConnState::new(ctx.stats.clone())),
     });
     match &ctx.tls {
-        None => conn::serve(io, &ctx, info, stop).await,
+        // HTTP/1.x, or HTTP/2 with prior knowledge (which `h1` hands to
+        // hyper on seeing its preface).
+        None => h1::serve(io, &ctx, info, stop).await,
         // A TLS stream is large (its session state is inline): boxed, so
         // that plain connections' tasks do not carry room for it.
         Some((acceptor, handshake_timeout)) => {
@@ -745,7 +760,10 @@ async fn serve_tls<I>(
 {
     let peer = info.peer;
     match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
-        Ok(Ok(tls)) => conn::serve(tls, ctx, info, stop).await,
+        Ok(Ok(tls)) if tls.get_ref().1.alpn_protocol() == Some(b"h2") => {
+            conn::serve(tls, ctx, info, stop).await
+        }
+        Ok(Ok(tls)) => h1::serve(tls, ctx, info, stop).await,
         Ok(Err(e)) => {
             ctx.stats.tls_failed();
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

@@ -61,6 +61,54 @@ impl Stall {
     }
 }
 
+/// The client's request body as the HTTP server stage hands it over. The
+/// stages past the server read it through this type alone.
+#[derive(Debug)]
+pub enum ClientBody {
+    /// Streamed by hyper (HTTP/2, and HTTP/1.x off the fast path).
+    Hyper(Incoming),
+    /// Read whole with its head by the HTTP/1.1 fast path (`listener::h1`):
+    /// `None` once taken, or when there was none.
+    Read(Option<Bytes>),
+}
+
+impl From<Incoming> for ClientBody {
+    fn from(body: Incoming) -> Self {
+        ClientBody::Hyper(body)
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Read(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::Read(data) => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::Read(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
 /// Why the client's body stopped on its way upstream.
 #[derive(Debug)]
 pub enum RequestBodyError {
@@ -97,7 +145,7 @@ impl StdError for RequestBodyError {
 #[derive(Debug)]
 pub struct RequestBody {
     /// `None` for a request rebuilt for a retry (only bodiless ones are).
-    inner: Option<Incoming>,
+    inner: Option<ClientBody>,
     /// A body already read whole (a webhook whose signature was checked).
     buffered: Option<Bytes>,
     /// Bytes still allowed before the body is cut with `TooLarge`.
@@ -108,7 +156,7 @@ pub struct RequestBody {
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: u64, read_timeout: Duration) -> Self {
+    pub fn new(inner: ClientBody, limit: u64, read_timeout: Duration) -> Self {
         RequestBody {
             inner: Some(inner),
             buffered: None,

@@ -23,9 +23,8 @@ use http::header::{HeaderValue, CONNECTION};
 use http::{Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
-use super::body::ProxyBody;
+use super::body::{ClientBody, ProxyBody};
 use crate::listener::conn::ConnState;
 
 /// The largest unread body discarded to keep a connection open.
@@ -33,14 +32,15 @@ pub const DISCARD_BYTES: u64 = 64 << 10;
 
 /// Settles `body`, which nobody read, for the response `resp`.
 pub fn settle(
-    body: Incoming,
+    body: ClientBody,
     resp: &mut Response<ProxyBody>,
     version: Version,
     expects_continue: bool,
     conn: &Arc<ConnState>,
     (each, total): (Duration, Duration),
 ) {
-    if version >= Version::HTTP_2 || body.is_end_stream() {
+    // A body read with its head has nothing left on the connection.
+    if version >= Version::HTTP_2 || body.is_end_stream() || matches!(body, ClientBody::Read(_)) {
         return;
     }
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
@@ -65,7 +65,7 @@ pub fn settle(
 
 /// Reads `body` to its end and throws it away: whether it ended within the
 /// bounds (at most [`DISCARD_BYTES`], each piece within `each`).
-async fn drain(mut body: Incoming, each: Duration) -> bool {
+async fn drain(mut body: ClientBody, each: Duration) -> bool {
     let mut read = 0u64;
     loop {
         match tokio::time::timeout(each, body.frame()).await {

@@ -47,7 +47,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use self::body::ProxyBody;
+use self::body::{ClientBody, ProxyBody};
 use self::client_ip::ClientIp;
 use self::ctx::{Ctx, Stop};
 use self::decide::Origin;
@@ -356,6 +356,18 @@ impl Pipeline {
     /// (logged once), and settles the request (access log, in-flight
     /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
+        let (parts, body) = req.into_parts();
+        self.handle_parts(Request::from_parts(parts, ()), Some(body.into()), conn)
+            .await
+    }
+
+    /// PROTOTYPE: a request whose body (if any) is `body`.
+    pub async fn handle_parts(
+        &self,
+        req: Request<()>,
+        body: Option<ClientBody>,
+        conn: &ConnInfo,
+    ) -> Response<ProxyBody> {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
         let record = self.access_log.then(|| {
             Box::new(AccessRecord {
@@ -385,11 +397,13 @@ impl Pipeline {
             ),
         );
         let version = req.version();
-        let expects_continue =
-            !http_body::Body::is_end_stream(req.body()) && req.headers().contains_key(EXPECT);
+        let expects_continue = body
+            .as_ref()
+            .is_some_and(|b| !http_body::Body::is_end_stream(b))
+            && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
-        let (parts, body) = req.into_parts();
-        let mut body = Some(body);
+        let (parts, ()) = req.into_parts();
+        let mut body = body;
         let served = self
             .serve(Request::from_parts(parts, ()), &mut body, conn, &mut cx)
             .await;
@@ -442,7 +456,7 @@ impl Pipeline {
     async fn serve<'p>(
         &'p self,
         mut req: Request<()>,
-        body: &mut Option<Incoming>,
+        body: &mut Option<ClientBody>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
     ) -> Result<Response<ProxyBody>, Stop> {

@@ -9,11 +9,10 @@ use std::time::Duration;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
-use super::body::{ProxyBody, RequestBody};
+use super::body::{ClientBody, ProxyBody, RequestBody};
 use super::client_ip;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
@@ -30,7 +29,7 @@ use crate::error::ProxyError;
 pub async fn forward(
     cx: &mut Ctx<'_>,
     mut req: Request<()>,
-    body: &mut Option<Incoming>,
+    body: &mut Option<ClientBody>,
     conn: &ConnInfo,
     upstream: &Upstream,
     route: &RouteConfig,
@@ -49,11 +48,7 @@ pub async fn forward(
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-    let Some(body) = body.take() else {
-        return Err(ProxyError::BadRequest(
-            "the request body was already consumed",
-        ));
-    };
+    let body = body.take();
     let (mut parts, ()) = req.into_parts();
     let host = parts.headers.get(HOST).cloned().or_else(|| {
         parts
@@ -95,10 +90,16 @@ pub async fn forward(
     }
     parts.version = Version::HTTP_11;
     let body = match verify {
-        None => RequestBody::new(body, max_body, body_read_timeout),
+        None => match body {
+            Some(body) => RequestBody::new(body, max_body, body_read_timeout),
+            None => RequestBody::empty(),
+        },
         Some(v) => {
             // Signed bodies are read whole (within the size limit) and
             // checked before a byte goes upstream.
+            let Some(body) = body else {
+                return Err(ProxyError::BadRequest("no body"));
+            };
             let data = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
                 body,
                 max_body as usize,

@@ -9,6 +9,7 @@ mod cli;
 mod client_ip;
 mod forwarding;
 mod framing;
+mod h1_server;
 mod h2_abuse;
 mod import_nginx;
 mod limits;

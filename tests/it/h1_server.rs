@@ -1,0 +1,279 @@
+//! tollgate's own HTTP/1.x server (`listener::h1`) as a client meets it,
+//! byte for byte: pipelining, HTTP/1.0, HEAD, bodies that came with their
+//! head, connections that move to hyper half-way (a chunked body) and
+//! keep working, response framing when the upstream gives no length, and
+//! a client hanging up on a request in flight.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::common::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One response read off a raw connection: status line, lower-cased
+/// header lines, body (by its `Content-Length`; none for HEAD).
+struct Raw {
+    status: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Raw {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn echoed(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+async fn read_response(r: &mut BufReader<TcpStream>, head_request: bool) -> Raw {
+    let within = Duration::from_secs(10);
+    tokio::time::timeout(within, async {
+        let mut status = String::new();
+        r.read_line(&mut status).await.unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).await.unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            let (n, v) = line.trim_end().split_once(':').expect("a header line");
+            headers.push((n.to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .map_or(0, |(_, v)| v.parse().unwrap());
+        let mut body = vec![0; if head_request { 0 } else { len }];
+        r.read_exact(&mut body).await.unwrap();
+        Raw {
+            status: status.trim_end().to_owned(),
+            headers,
+            body: String::from_utf8(body).unwrap(),
+        }
+    })
+    .await
+    .expect("a whole response in time")
+}
+
+async fn connect(addr: SocketAddr) -> BufReader<TcpStream> {
+    BufReader::new(TcpStream::connect(addr).await.unwrap())
+}
+
+/// Whether the server closed the connection (reads EOF within a while).
+async fn closed(r: &mut BufReader<TcpStream>) -> bool {
+    let mut rest = Vec::new();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), r.read_to_end(&mut rest)).await,
+        Ok(Ok(0))
+    )
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let mut c = connect(proxy.addr()).await;
+    // Three requests in one write; the last asks to close.
+    c.get_mut()
+        .write_all(
+            b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
+              HEAD /two HTTP/1.1\r\nHost: a\r\n\r\n\
+              GET /three?x=1 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let one = read_response(&mut c, false).await;
+    assert_eq!(one.status, "HTTP/1.1 200 OK");
+    assert_eq!(one.echoed()["uri"], "/one");
+    assert!(one.header("date").is_some(), "a Date on every response");
+    assert_eq!(one.header("connection"), None);
+    let two = read_response(&mut c, true).await;
+    assert_eq!(two.status, "HTTP/1.1 200 OK");
+    assert!(
+        two.header("content-length").is_some_and(|n| n != "0"),
+        "HEAD keeps the length it would have had: {:?}",
+        two.headers
+    );
+    let three = read_response(&mut c, false).await;
+    assert_eq!(three.echoed()["uri"], "/three?x=1");
+    assert_eq!(three.header("connection"), Some("close"));
+    assert!(closed(&mut c).await, "closed after the request that asked");
+    assert_eq!(up.hits(), 3);
+}
+
+#[tokio::test]
+async fn http10_connections_stay_open_only_when_the_client_asks() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let mut c = connect(proxy.addr()).await;
+    c.get_mut()
+        .write_all(b"GET /a HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n")
+        .await
+        .unwrap();
+    let a = read_response(&mut c, false).await;
+    assert_eq!(a.status, "HTTP/1.0 200 OK");
+    assert_eq!(a.header("connection"), Some("keep-alive"));
+    // The same connection takes a second request, without keep-alive.
+    c.get_mut()
+        .write_all(b"GET /b HTTP/1.0\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let b = read_response(&mut c, false).await;
+    assert_eq!(b.status, "HTTP/1.0 200 OK");
+    assert_eq!(b.echoed()["uri"], "/b");
+    assert!(closed(&mut c).await, "HTTP/1.0 without keep-alive closes");
+}
+
+#[tokio::test]
+async fn a_small_body_reaches_the_upstream_whether_it_came_with_its_head_or_later() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let mut c = connect(proxy.addr()).await;
+    // Head and body in one write: read with the head.
+    c.get_mut()
+        .write_all(b"POST /with HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let with = read_response(&mut c, false).await;
+    assert_eq!(with.echoed()["body"], "hello");
+    assert_eq!(with.echoed()["method"], "POST");
+    // Head first, body a moment later: streamed through hyper, and the
+    // connection goes on serving.
+    c.get_mut()
+        .write_all(b"POST /later HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.get_mut().write_all(b"world").await.unwrap();
+    let later = read_response(&mut c, false).await;
+    assert_eq!(later.echoed()["body"], "world");
+    c.get_mut()
+        .write_all(b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/after");
+}
+
+#[tokio::test]
+async fn a_connection_handed_to_hyper_half_way_keeps_every_request() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let mut c = connect(proxy.addr()).await;
+    // A fast-path GET, a chunked POST (hyper's from here on) pipelined
+    // behind it, then more requests.
+    c.get_mut()
+        .write_all(
+            b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n\
+              POST /2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n\
+              GET /3 HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/1");
+    let two = read_response(&mut c, false).await;
+    assert_eq!(two.echoed()["uri"], "/2");
+    assert_eq!(two.echoed()["body"], "abcde");
+    assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/3");
+    // Framing hyper refuses stays refused after the hand-over.
+    c.get_mut()
+        .write_all(b"POST /4 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let four = read_response(&mut c, false).await;
+    assert!(four.status.starts_with("HTTP/1.1 400"), "{}", four.status);
+    assert_eq!(up.hits(), 3);
+}
+
+/// An upstream that answers every request with `answer` (raw bytes) and
+/// reports, on `hung_up`, each connection the proxy closed on it.
+async fn raw_upstream(
+    answer: &'static [u8],
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut r = BufReader::new(tcp);
+                while read_head(&mut r).await.is_some() {
+                    if !answer.is_empty() && r.get_mut().write_all(answer).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = tx.send(());
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_is_chunked_for_http11_and_ends_with_the_close_for_http10() {
+    let (addr, _) = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    let proxy = TestProxy::spawn(&forward_all(&format!("'{addr}'"), "", "")).await;
+    let resp = raw(
+        proxy.addr(),
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains("transfer-encoding: chunked"), "{resp}");
+    assert!(!head.contains("content-length"), "{resp}");
+    let mut chunks = body.split("\r\n");
+    let mut text = String::new();
+    while let Some(size) = chunks.next() {
+        let size = usize::from_str_radix(size, 16).unwrap_or_else(|_| panic!("{resp:?}"));
+        if size == 0 {
+            break;
+        }
+        let chunk = chunks.next().unwrap();
+        assert_eq!(chunk.len(), size);
+        text.push_str(chunk);
+    }
+    assert_eq!(text, "hello world");
+
+    let resp = raw(
+        proxy.addr(),
+        b"GET / HTTP/1.0\r\nHost: a\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200"), "{resp}");
+    assert!(!head.contains("transfer-encoding"), "{resp}");
+    assert_eq!(body, "hello world", "the close ends the body");
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_abandons_its_request_upstream() {
+    // The upstream reads requests and never answers.
+    let (addr, mut hung_up) = raw_upstream(b"").await;
+    let proxy = TestProxy::spawn(&forward_all(&format!("'{addr}'"), "", "")).await;
+    let mut c = connect(proxy.addr()).await;
+    c.get_mut()
+        .write_all(b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Let the request reach the upstream, then go away.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(c);
+    tokio::time::timeout(Duration::from_secs(5), hung_up.recv())
+        .await
+        .expect("the proxy closes the upstream connection of an abandoned request")
+        .unwrap();
+}
