@@ -152,6 +152,11 @@ impl ConnState {
         self.closing.load(Ordering::Relaxed)
     }
 
+    /// The HTTP/1.x fast path handed this connection to hyper.
+    pub fn handed_over(&self, why: crate::metrics::Handover) {
+        self.stats.handed_over(why);
+    }
+
     /// A response frame went to the client.
     pub fn frame_sent(&self) {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);

@@ -36,6 +36,7 @@ use tokio::sync::watch;
 
 use super::rewind::Rewind;
 use super::{conn, ListenerCtx};
+use crate::metrics::Handover;
 use crate::pipeline::body::{ClientBody, ProxyBody};
 use crate::pipeline::ConnInfo;
 
@@ -91,7 +92,10 @@ where
                 match parse(&buf, ctx.head_limits) {
                     Parsed::Head(head) => break head,
                     Parsed::Partial => {}
-                    Parsed::Hyper => return Some(Rewind::new(io, buf.freeze())),
+                    Parsed::Hyper(why) => {
+                        state.handed_over(why);
+                        return Some(Rewind::new(io, buf.freeze()));
+                    }
                 }
             }
             if buf.capacity() - buf.len() < 512 {
@@ -114,6 +118,7 @@ where
             }
         };
         let Some((req, body)) = head.request(&mut buf) else {
+            state.handed_over(Handover::Head);
             return Some(Rewind::new(io, buf.freeze()));
         };
         let facts = Facts {
@@ -176,7 +181,7 @@ enum Parsed {
     /// Not a whole head yet.
     Partial,
     /// Anything else: hyper's.
-    Hyper,
+    Hyper(Handover),
 }
 
 /// A parsed request head: where its parts are in the buffer.
@@ -204,13 +209,16 @@ fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
     let len = match req.parse_with_uninit_headers(buf, slots) {
         Ok(httparse::Status::Complete(len)) if len <= max_bytes => len,
         Ok(httparse::Status::Partial) if buf.len() < max_bytes => return Parsed::Partial,
-        _ => return Parsed::Hyper,
+        Err(httparse::Error::Version) if buf.starts_with(b"PRI * HTTP/2.0") => {
+            return Parsed::Hyper(Handover::Http2)
+        }
+        _ => return Parsed::Hyper(Handover::Head),
     };
     let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
-        return Parsed::Hyper;
+        return Parsed::Hyper(Handover::Head);
     };
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-        return Parsed::Hyper;
+        return Parsed::Hyper(Handover::Head);
     };
     let base = buf.as_ptr() as usize;
     let at = |s: &[u8]| s.as_ptr() as usize - base;
@@ -231,23 +239,25 @@ fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
     let mut length = None;
     for h in req.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
-            return Parsed::Hyper;
+            return Parsed::Hyper(Handover::Head);
         };
         match name {
             header::CONTENT_LENGTH => {
                 let digits = h.value.trim_ascii();
                 if length.is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                    return Parsed::Hyper;
+                    return Parsed::Hyper(Handover::Head);
                 }
                 match std::str::from_utf8(digits)
                     .ok()
                     .and_then(|d| d.parse().ok())
                 {
                     Some(n) => length = Some(n),
-                    None => return Parsed::Hyper,
+                    None => return Parsed::Hyper(Handover::Head),
                 }
             }
-            header::TRANSFER_ENCODING | header::EXPECT | header::UPGRADE => return Parsed::Hyper,
+            header::TRANSFER_ENCODING => return Parsed::Hyper(Handover::Chunked),
+            header::EXPECT => return Parsed::Hyper(Handover::Expect),
+            header::UPGRADE => return Parsed::Hyper(Handover::Upgrade),
             header::CONNECTION => {
                 for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                     if token.eq_ignore_ascii_case(b"close") {
@@ -255,7 +265,7 @@ fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
                         head.keep_alive |= version == Version::HTTP_10;
                     } else if token.eq_ignore_ascii_case(b"upgrade") {
-                        return Parsed::Hyper;
+                        return Parsed::Hyper(Handover::Upgrade);
                     }
                 }
             }
@@ -271,7 +281,7 @@ fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
     }
     head.body = length.unwrap_or(0);
     if head.body > MAX_BODY || buf.len() - len < head.body {
-        return Parsed::Hyper;
+        return Parsed::Hyper(Handover::Body);
     }
     Parsed::Head(head)
 }
@@ -623,7 +633,7 @@ mod tests {
         match parsed(raw) {
             Parsed::Head(h) => h,
             Parsed::Partial => panic!("partial: {raw:?}"),
-            Parsed::Hyper => panic!("handed to hyper: {raw:?}"),
+            Parsed::Hyper(why) => panic!("handed to hyper ({why:?}): {raw:?}"),
         }
     }
 
@@ -645,19 +655,35 @@ mod tests {
 
     #[test]
     fn anything_but_the_simple_case_goes_to_hyper() {
-        for raw in [
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
-            "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-            "GET / HTTP/1.1\r\nUpgrade: h2c\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
-            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
-            "POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhel",
-            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-            "GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+        use Handover::*;
+        for (raw, why) in [
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                Chunked,
+            ),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+                Expect,
+            ),
+            (
+                "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+                Upgrade,
+            ),
+            ("GET / HTTP/1.1\r\nUpgrade: h2c\r\n\r\n", Upgrade),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+                Head,
+            ),
+            ("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello", Head),
+            ("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhel", Body),
+            ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Http2),
+            ("GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n", Head),
+            ("GET / HTTP/1.1\r\nHost : a\r\n\r\n", Head),
         ] {
-            assert!(matches!(parsed(raw), Parsed::Hyper), "{raw:?}");
+            match parsed(raw) {
+                Parsed::Hyper(got) => assert_eq!(got, why, "{raw:?}"),
+                _ => panic!("kept on the fast path: {raw:?}"),
+            }
         }
         let big = format!(
             "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{}",
@@ -665,7 +691,7 @@ mod tests {
             "x".repeat(MAX_BODY + 1)
         );
         assert!(
-            matches!(parsed(&big), Parsed::Hyper),
+            matches!(parsed(&big), Parsed::Hyper(Handover::Body)),
             "a body past MAX_BODY"
         );
     }
@@ -674,9 +700,15 @@ mod tests {
     fn heads_past_what_hyper_takes_are_left_to_hyper_to_refuse() {
         let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        assert!(matches!(parse(raw.as_bytes(), LIMITS), Parsed::Hyper));
+        assert!(matches!(
+            parse(raw.as_bytes(), LIMITS),
+            Parsed::Hyper(Handover::Head)
+        ));
         let raw = format!("GET / HTTP/1.1\r\nX-A: {}\r\n\r\n", "a".repeat(1000));
-        assert!(matches!(parse(raw.as_bytes(), (512, 100)), Parsed::Hyper));
+        assert!(matches!(
+            parse(raw.as_bytes(), (512, 100)),
+            Parsed::Hyper(Handover::Head)
+        ));
         // Not complete and not yet too long: wait for more.
         assert!(matches!(
             parsed("GET / HTTP/1.1\r\nHost: a\r\n"),
@@ -685,7 +717,7 @@ mod tests {
         let partial = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1000));
         assert!(matches!(
             parse(partial.as_bytes(), (512, 100)),
-            Parsed::Hyper
+            Parsed::Hyper(Handover::Head)
         ));
     }
 

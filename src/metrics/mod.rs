@@ -154,6 +154,49 @@ pub struct ListenerStats {
     tls_failures: AtomicU64,
     /// Connections accepted only after waiting for a slot.
     at_cap: AtomicU64,
+    /// HTTP/1.x connections the fast path handed to hyper, by why
+    /// (`Handover`): how much traffic takes the slower path.
+    handovers: [AtomicU64; Handover::ALL.len()],
+}
+
+/// Why an HTTP/1.x connection left tollgate's fast path for hyper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// A request body not all read with its head, or over 16 KiB.
+    Body,
+    /// `Transfer-Encoding` (chunked) framing.
+    Chunked,
+    /// `Expect: 100-continue`.
+    Expect,
+    /// `Upgrade` (WebSocket, h2c).
+    Upgrade,
+    /// A head hyper answers itself: malformed, or past the size or count
+    /// limits (its 400 or 431).
+    Head,
+    /// HTTP/2 with prior knowledge (the preface).
+    Http2,
+}
+
+impl Handover {
+    pub const ALL: [Handover; 6] = [
+        Handover::Body,
+        Handover::Chunked,
+        Handover::Expect,
+        Handover::Upgrade,
+        Handover::Head,
+        Handover::Http2,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Handover::Body => "body",
+            Handover::Chunked => "chunked",
+            Handover::Expect => "expect",
+            Handover::Upgrade => "upgrade",
+            Handover::Head => "head",
+            Handover::Http2 => "http2",
+        }
+    }
 }
 
 impl ListenerStats {
@@ -177,6 +220,11 @@ impl ListenerStats {
     /// A connection that waited because `max_connections` were open.
     pub fn waited_at_cap(&self) {
         self.at_cap.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The HTTP/1.x fast path handed a connection to hyper.
+    pub fn handed_over(&self, why: Handover) {
+        self.handovers[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -769,6 +817,22 @@ impl Collector for Scrape {
                         vec![("listener", l.to_string())],
                         n.tls_failures.load(Ordering::Relaxed),
                     )
+                }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http1_handovers",
+            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (body, chunked, expect, upgrade, head, http2).",
+            m.listeners
+                .iter()
+                .zip(m.listener_stats.iter())
+                .flat_map(|(l, n)| {
+                    Handover::ALL.iter().map(move |&why| {
+                        (
+                            vec![("listener", l.to_string()), ("reason", why.label().to_owned())],
+                            n.handovers[why as usize].load(Ordering::Relaxed),
+                        )
+                    })
                 }),
         )?;
         counter(

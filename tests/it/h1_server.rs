@@ -191,6 +191,31 @@ async fn a_connection_handed_to_hyper_half_way_keeps_every_request() {
     let four = read_response(&mut c, false).await;
     assert!(four.status.starts_with("HTTP/1.1 400"), "{}", four.status);
     assert_eq!(up.hits(), 3);
+
+    // HTTP/2 with prior knowledge is hyper's from its preface on.
+    let mut h2c = h2(proxy.addr()).await;
+    let req = http::Request::get("http://test.local/h2")
+        .body(empty())
+        .unwrap();
+    let got = collect(h2c.send_request(req).await.unwrap()).await;
+    assert_eq!(got.status, 200);
+    // The operator sees each hand-over and why.
+    let metrics = proxy
+        .pipeline
+        .metrics()
+        .encode(proxy.pipeline.clone(), false);
+    let handovers = |reason: &str| {
+        let series =
+            format!(r#"tollgate_http1_handovers_total{{listener="plain",reason="{reason}"}} "#);
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+            .to_owned()
+    };
+    assert_eq!(handovers("chunked"), "1");
+    assert_eq!(handovers("http2"), "1");
+    assert_eq!(handovers("body"), "0");
 }
 
 /// An upstream that answers every request with `answer` (raw bytes) and
