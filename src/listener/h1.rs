@@ -98,6 +98,9 @@ where
     // slow-head check); a close after an early answer lingers.
     let mut io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
     let mut buf = BytesMut::new();
+    // How much a head's read asks for: FIRST_READ, doubled while reads
+    // fill it (nginx's large_client_header_buffers, hyper's adaptive read).
+    let mut read_size = FIRST_READ;
     let mut out = Vec::new();
     loop {
         let head = loop {
@@ -111,9 +114,10 @@ where
                     }
                 }
             }
-            if buf.capacity() - buf.len() < 512 {
-                buf.reserve(FIRST_READ);
+            if buf.capacity() - buf.len() < read_size / 2 {
+                buf.reserve(read_size);
             }
+            let room = buf.capacity() - buf.len();
             let mut read = pin!(io.read_buf(&mut buf));
             let n = poll_fn(|cx| {
                 if state.closing() {
@@ -122,9 +126,15 @@ where
                 read.as_mut().poll(cx)
             })
             .await;
-            if !matches!(n, Ok(1..)) {
-                let _ = io.shutdown().await;
-                return None;
+            match n {
+                // A read that filled its room: the client sends more at
+                // once (bodies with their heads); read more at a time.
+                Ok(n) if n == room => read_size = (read_size * 2).min(BODY_READ as usize),
+                Ok(1..) => {}
+                _ => {
+                    let _ = io.shutdown().await;
+                    return None;
+                }
             }
         };
         let Some((req, body, pump)) = head.request(&mut buf) else {
