@@ -57,6 +57,13 @@ impl<I> Linger<I> {
     }
 }
 
+impl<I> Linger<I> {
+    /// The stream, for a server that takes the connection over.
+    pub fn into_inner(self) -> I {
+        self.io
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for Linger<I> {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod h1;
 pub mod linger;
 pub mod proxy_protocol;
+pub mod pump;
 pub mod rewind;
 pub mod tls;
 pub mod workers;

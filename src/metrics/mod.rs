@@ -162,8 +162,6 @@ pub struct ListenerStats {
 /// Why an HTTP/1.x connection left tollgate's fast path for hyper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handover {
-    /// A request body not all read with its head, or over 16 KiB.
-    Body,
     /// `Transfer-Encoding` (chunked) framing.
     Chunked,
     /// `Expect: 100-continue`.
@@ -178,8 +176,7 @@ pub enum Handover {
 }
 
 impl Handover {
-    pub const ALL: [Handover; 6] = [
-        Handover::Body,
+    pub const ALL: [Handover; 5] = [
         Handover::Chunked,
         Handover::Expect,
         Handover::Upgrade,
@@ -189,7 +186,6 @@ impl Handover {
 
     pub fn label(self) -> &'static str {
         match self {
-            Handover::Body => "body",
             Handover::Chunked => "chunked",
             Handover::Expect => "expect",
             Handover::Upgrade => "upgrade",
@@ -822,7 +818,7 @@ impl Collector for Scrape {
         counter(
             &mut e,
             "tollgate_http1_handovers",
-            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (body, chunked, expect, upgrade, head, http2).",
+            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (chunked, expect, upgrade, head, http2).",
             m.listeners
                 .iter()
                 .zip(m.listener_stats.iter())

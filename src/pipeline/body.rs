@@ -25,6 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::record::RequestEnd;
 use super::upstream::h1::{BodyError, ResponseBody};
+use crate::listener::pump::PumpedBody;
 
 /// A body's stall timer: how long it may make us wait between frames. It is
 /// armed only the first time the body is not ready (most small bodies never
@@ -70,7 +71,13 @@ pub enum ClientBody {
     /// Read whole with its head by the HTTP/1.1 fast path (`listener::h1`):
     /// `None` once taken, or when there was none.
     Read(Option<Bytes>),
+    /// Read off the connection by the fast path's loop as it is taken
+    /// (`listener::pump`).
+    Pumped(PumpedBody),
 }
+
+/// Why the client's body could not be read to its end.
+pub type ClientBodyError = Box<dyn StdError + Send + Sync>;
 
 impl From<Incoming> for ClientBody {
     fn from(body: Incoming) -> Self {
@@ -80,15 +87,16 @@ impl From<Incoming> for ClientBody {
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ClientBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             ClientBody::Read(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ClientBody::Pumped(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
 
@@ -96,6 +104,7 @@ impl Body for ClientBody {
         match self {
             ClientBody::Hyper(b) => b.is_end_stream(),
             ClientBody::Read(data) => data.is_none(),
+            ClientBody::Pumped(b) => b.is_end_stream(),
         }
     }
 
@@ -105,6 +114,7 @@ impl Body for ClientBody {
             ClientBody::Read(data) => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            ClientBody::Pumped(b) => b.size_hint(),
         }
     }
 }
@@ -117,7 +127,7 @@ pub enum RequestBodyError {
     },
     /// No bytes for this long.
     Timeout(Duration),
-    Client(hyper::Error),
+    Client(ClientBodyError),
 }
 
 impl fmt::Display for RequestBodyError {
@@ -136,7 +146,7 @@ impl StdError for RequestBodyError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             RequestBodyError::TooLarge { .. } | RequestBodyError::Timeout(_) => None,
-            RequestBodyError::Client(e) => Some(e),
+            RequestBodyError::Client(e) => Some(&**e),
         }
     }
 }

@@ -39,8 +39,13 @@ pub fn settle(
     conn: &Arc<ConnState>,
     (each, total): (Duration, Duration),
 ) {
-    // A body read with its head has nothing left on the connection.
-    if version >= Version::HTTP_2 || body.is_end_stream() || matches!(body, ClientBody::Read(_)) {
+    // A body read with its head has nothing left on the connection; what
+    // is left of a pumped one the fast path's loop settles itself, by the
+    // same rules.
+    if version >= Version::HTTP_2
+        || body.is_end_stream()
+        || matches!(body, ClientBody::Read(_) | ClientBody::Pumped(_))
+    {
         return;
     }
     let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
