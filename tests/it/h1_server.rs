@@ -67,6 +67,11 @@ async fn connect(addr: SocketAddr) -> BufReader<TcpStream> {
     BufReader::new(TcpStream::connect(addr).await.unwrap())
 }
 
+/// Writes `bytes` to the proxy.
+async fn send(c: &mut BufReader<TcpStream>, bytes: &[u8]) {
+    c.get_mut().write_all(bytes).await.unwrap();
+}
+
 /// Whether the server closed the connection (reads EOF within a while).
 async fn closed(r: &mut BufReader<TcpStream>) -> bool {
     let mut rest = Vec::new();
@@ -82,14 +87,13 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     let proxy = TestProxy::spawn(&proxied(&up)).await;
     let mut c = connect(proxy.addr()).await;
     // Three requests in one write; the last asks to close.
-    c.get_mut()
-        .write_all(
-            b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
+    send(
+        &mut c,
+        b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
               HEAD /two HTTP/1.1\r\nHost: a\r\n\r\n\
               GET /three?x=1 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    )
+    .await;
     let one = read_response(&mut c, false).await;
     assert_eq!(one.status, "HTTP/1.1 200 OK");
     assert_eq!(one.echoed()["uri"], "/one");
@@ -114,18 +118,16 @@ async fn http10_connections_stay_open_only_when_the_client_asks() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&proxied(&up)).await;
     let mut c = connect(proxy.addr()).await;
-    c.get_mut()
-        .write_all(b"GET /a HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n")
-        .await
-        .unwrap();
+    send(
+        &mut c,
+        b"GET /a HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+    )
+    .await;
     let a = read_response(&mut c, false).await;
     assert_eq!(a.status, "HTTP/1.0 200 OK");
     assert_eq!(a.header("connection"), Some("keep-alive"));
     // The same connection takes a second request, without keep-alive.
-    c.get_mut()
-        .write_all(b"GET /b HTTP/1.0\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"GET /b HTTP/1.0\r\nHost: a\r\n\r\n").await;
     let b = read_response(&mut c, false).await;
     assert_eq!(b.status, "HTTP/1.0 200 OK");
     assert_eq!(b.echoed()["uri"], "/b");
@@ -138,27 +140,29 @@ async fn a_small_body_reaches_the_upstream_whether_it_came_with_its_head_or_late
     let proxy = TestProxy::spawn(&proxied(&up)).await;
     let mut c = connect(proxy.addr()).await;
     // Head and body in one write: read with the head.
-    c.get_mut()
-        .write_all(b"POST /with HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
-        .await
-        .unwrap();
+    send(
+        &mut c,
+        b"POST /with HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
     let with = read_response(&mut c, false).await;
     assert_eq!(with.echoed()["body"], "hello");
     assert_eq!(with.echoed()["method"], "POST");
     // Head first, body a moment later: read off the connection as the
     // upstream takes it, and the connection goes on serving.
-    c.get_mut()
-        .write_all(b"POST /later HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n")
-        .await
-        .unwrap();
+    send(
+        &mut c,
+        b"POST /later HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    c.get_mut().write_all(b"world").await.unwrap();
+    send(&mut c, b"world").await;
     let later = read_response(&mut c, false).await;
     assert_eq!(later.echoed()["body"], "world");
     // A body far larger than any buffer, in pieces.
     let size = 1 << 20;
     let head = format!("PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n");
-    c.get_mut().write_all(head.as_bytes()).await.unwrap();
+    send(&mut c, head.as_bytes()).await;
     let mut piece = vec![0u8; 100_000];
     let mut sent = 0;
     while sent < size {
@@ -167,15 +171,12 @@ async fn a_small_body_reaches_the_upstream_whether_it_came_with_its_head_or_late
             *b = pattern_byte(sent);
             sent += 1;
         }
-        c.get_mut().write_all(&piece[..n]).await.unwrap();
+        send(&mut c, &piece[..n]).await;
     }
     let big = read_response(&mut c, false).await;
     assert_eq!(big.echoed()["body_len"], size);
     assert_eq!(big.echoed()["body_sha256"], Pattern::sha256(size));
-    c.get_mut()
-        .write_all(b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/after");
     // All of it on tollgate's own server: nothing was handed to hyper.
     let metrics = proxy
@@ -200,17 +201,15 @@ async fn an_unread_body_is_discarded_when_small_and_closes_the_connection_when_l
     ))
     .await;
     let mut c = connect(proxy.addr()).await;
-    c.get_mut()
-        .write_all(b"GET /spend HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"GET /spend HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let _ = read_response(&mut c, false).await;
     // A small body that comes after its answer: read and thrown away, and
     // the connection serves the next request.
-    c.get_mut()
-        .write_all(b"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
-        .await
-        .unwrap();
+    send(
+        &mut c,
+        b"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n",
+    )
+    .await;
     let refused = read_response(&mut c, false).await;
     assert!(
         refused.status.starts_with("HTTP/1.1 429"),
@@ -218,11 +217,8 @@ async fn an_unread_body_is_discarded_when_small_and_closes_the_connection_when_l
         refused.status
     );
     assert_eq!(refused.header("connection"), None, "kept open");
-    c.get_mut().write_all(b"0123456789").await.unwrap();
-    c.get_mut()
-        .write_all(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"0123456789").await;
+    send(&mut c, b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let next = read_response(&mut c, false).await;
     assert!(
         next.status.starts_with("HTTP/1.1 429"),
@@ -230,10 +226,11 @@ async fn an_unread_body_is_discarded_when_small_and_closes_the_connection_when_l
         next.status
     );
     // A large one: the answer says close, and the connection closes.
-    c.get_mut()
-        .write_all(b"POST /large HTTP/1.1\r\nHost: a\r\nContent-Length: 10000000\r\n\r\n")
-        .await
-        .unwrap();
+    send(
+        &mut c,
+        b"POST /large HTTP/1.1\r\nHost: a\r\nContent-Length: 10000000\r\n\r\n",
+    )
+    .await;
     let refused = read_response(&mut c, false).await;
     assert!(
         refused.status.starts_with("HTTP/1.1 429"),
@@ -252,25 +249,21 @@ async fn a_connection_handed_to_hyper_half_way_keeps_every_request() {
     let mut c = connect(proxy.addr()).await;
     // A fast-path GET, a chunked POST (hyper's from here on) pipelined
     // behind it, then more requests.
-    c.get_mut()
-        .write_all(
-            b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n\
+    send(
+        &mut c,
+        b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n\
               POST /2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
               3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n\
               GET /3 HTTP/1.1\r\nHost: a\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    )
+    .await;
     assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/1");
     let two = read_response(&mut c, false).await;
     assert_eq!(two.echoed()["uri"], "/2");
     assert_eq!(two.echoed()["body"], "abcde");
     assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/3");
     // Framing hyper refuses stays refused after the hand-over.
-    c.get_mut()
-        .write_all(b"POST /4 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"POST /4 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n").await;
     let four = read_response(&mut c, false).await;
     assert!(four.status.starts_with("HTTP/1.1 400"), "{}", four.status);
     assert_eq!(up.hits(), 3);
@@ -373,10 +366,7 @@ async fn a_client_that_hangs_up_abandons_its_request_upstream() {
     let (addr, mut hung_up) = raw_upstream(b"").await;
     let proxy = TestProxy::spawn(&forward_all(&format!("'{addr}'"), "", "")).await;
     let mut c = connect(proxy.addr()).await;
-    c.get_mut()
-        .write_all(b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    send(&mut c, b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n").await;
     // Let the request reach the upstream, then go away.
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(c);
