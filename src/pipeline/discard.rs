@@ -48,8 +48,7 @@ pub fn settle(
     {
         return;
     }
-    let small = body.size_hint().upper().is_none_or(|n| n <= DISCARD_BYTES);
-    if small && !expects_continue {
+    if drains(body.size_hint().upper(), expects_continue) {
         let conn = conn.clone();
         // The connection is busy, not awaiting a next head, while this runs.
         let discarding = conn.discarding();
@@ -66,6 +65,15 @@ pub fn settle(
     resp.headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));
     conn.linger_on_close();
+}
+
+/// Whether an unread body with at most `left` bytes to come (`None`: not
+/// known) is read and thrown away after the answer, keeping the
+/// connection; if not, the answer says `Connection: close` and the close
+/// lingers. The HTTP/1.x fast path (`listener::h1`) settles its own
+/// bodies by this rule too.
+pub fn drains(left: Option<u64>, expects_continue: bool) -> bool {
+    !expects_continue && left.is_none_or(|n| n <= DISCARD_BYTES)
 }
 
 /// Reads `body` to its end and throws it away: whether it ended within the

@@ -1,0 +1,311 @@
+//! Reading a request head off the buffer (`httparse`), and deciding
+//! whether the fast path serves it or hyper must (`Parsed::Hyper`, with
+//! why: the hand-over metric's reason).
+
+use std::mem::MaybeUninit;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Uri, Version};
+use smallvec::SmallVec;
+
+use crate::listener::pump::Pump;
+use crate::metrics::Handover;
+use crate::pipeline::body::ClientBody;
+
+/// Header slots parsed on the fast path; a head with more goes to hyper.
+const PARSE_HEADERS: usize = 128;
+
+/// What a parse of the buffer found.
+// Not boxed: it is built once per request and moved once, where a box
+// would be an allocation per request.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Parsed {
+    /// A request head the fast path serves.
+    Head(Head),
+    /// Not a whole head yet.
+    Partial,
+    /// Anything else: hyper's.
+    Hyper(Handover),
+}
+
+/// A parsed request head: where its parts are in the buffer.
+pub(super) struct Head {
+    len: usize,
+    method: Method,
+    version: Version,
+    path: (usize, usize),
+    headers: SmallVec<[(HeaderName, u32, u32); 20]>,
+    /// Its body's length (`Content-Length`), read with the head as far as
+    /// it came, the rest pumped (`pump`).
+    body: u64,
+    pub(super) keep_alive: bool,
+}
+
+/// `(largest head, most headers)` hyper would take: past them, hyper
+/// answers (431), not the fast path.
+pub type HeadLimits = (usize, usize);
+
+pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
+    // Not initialised: writing 128 empty slots per request costs more
+    // than parsing a usual head.
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; PARSE_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let slots = &mut slots[..max_headers.min(PARSE_HEADERS)];
+    let len = match req.parse_with_uninit_headers(buf, slots) {
+        Ok(httparse::Status::Complete(len)) if len <= max_bytes => len,
+        Ok(httparse::Status::Partial) if buf.len() < max_bytes => return Parsed::Partial,
+        Err(httparse::Error::Version) if buf.starts_with(b"PRI * HTTP/2.0") => {
+            return Parsed::Hyper(Handover::Http2)
+        }
+        _ => return Parsed::Hyper(Handover::Head),
+    };
+    let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
+        return Parsed::Hyper(Handover::Head);
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Hyper(Handover::Head);
+    };
+    let base = buf.as_ptr() as usize;
+    let at = |s: &[u8]| s.as_ptr() as usize - base;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut head = Head {
+        len,
+        method,
+        version,
+        path: (at(path.as_bytes()), at(path.as_bytes()) + path.len()),
+        headers: SmallVec::new(),
+        body: 0,
+        keep_alive: false,
+    };
+    let mut length = None;
+    // A `close` wins over a `keep-alive`, in any order.
+    let (mut close, mut keep_alive) = (false, false);
+    for h in req.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+            return Parsed::Hyper(Handover::Head);
+        };
+        match name {
+            header::CONTENT_LENGTH => {
+                let digits = h.value.trim_ascii();
+                if length.is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                    return Parsed::Hyper(Handover::Head);
+                }
+                match std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse().ok())
+                {
+                    Some(n) => length = Some(n),
+                    None => return Parsed::Hyper(Handover::Head),
+                }
+            }
+            header::TRANSFER_ENCODING => return Parsed::Hyper(Handover::Chunked),
+            header::EXPECT => return Parsed::Hyper(Handover::Expect),
+            header::UPGRADE => return Parsed::Hyper(Handover::Upgrade),
+            header::CONNECTION => {
+                for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if token.eq_ignore_ascii_case(b"upgrade") {
+                        return Parsed::Hyper(Handover::Upgrade);
+                    }
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            _ => {}
+        }
+        let v = at(h.value);
+        head.headers
+            .push((name, v as u32, (v + h.value.len()) as u32));
+    }
+    // HTTP/1.1 keeps the connection unless told not to; HTTP/1.0 only
+    // when asked.
+    head.keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
+    head.body = length.unwrap_or(0);
+    Parsed::Head(head)
+}
+
+impl Head {
+    /// Takes the head and what came of its body out of `buf`: the request,
+    /// its body, and the pump for the rest of it; or `None` (and `buf` as it
+    /// was) if hyper must answer it.
+    pub(super) fn request(
+        self,
+        buf: &mut BytesMut,
+    ) -> Option<(Request<()>, ClientBody, Option<Pump>)> {
+        let head = buf.split_to(self.len).freeze();
+        let body_len = self.body;
+        let built = self.build(&head);
+        if built.is_none() {
+            // Put the head back for hyper, which will answer it.
+            let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+            whole.extend_from_slice(&head);
+            whole.extend_from_slice(buf);
+            *buf = whole;
+            return None;
+        }
+        let here = (buf.len() as u64).min(body_len) as usize;
+        let first = buf.split_to(here).freeze();
+        let (body, pump) = match body_len {
+            0 => (ClientBody::Read(None), None),
+            n if n == here as u64 => (ClientBody::Read(Some(first)), None),
+            n => {
+                let (pump, body) = Pump::new(n, first);
+                (ClientBody::Pumped(body), Some(pump))
+            }
+        };
+        built.map(|req| (req, body, pump))
+    }
+
+    /// The request, its names moved in and its values sliced from `head`.
+    fn build(self, head: &Bytes) -> Option<Request<()>> {
+        let uri = Uri::from_maybe_shared(head.slice(self.path.0..self.path.1)).ok()?;
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, a, b) in self.headers {
+            let value = HeaderValue::from_maybe_shared(head.slice(a as usize..b as usize)).ok()?;
+            headers.append(name, value);
+        }
+        let mut req = Request::new(());
+        *req.method_mut() = self.method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = headers;
+        Some(req)
+    }
+}
+
+/// The fast path's reading of `buf`, for the fuzz target: the request and
+/// body it would serve and what stays buffered for the next; `None` when
+/// the head is not whole yet or hyper would be given it.
+pub fn read_request(buf: &[u8]) -> Option<(Request<()>, ClientBody, Bytes)> {
+    let Parsed::Head(head) = parse(buf, (64 << 10, 100)) else {
+        return None;
+    };
+    let mut buf = BytesMut::from(buf);
+    let (req, body, _) = head.request(&mut buf)?;
+    Some((req, body, buf.freeze()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body;
+
+    const LIMITS: HeadLimits = (64 << 10, 100);
+
+    fn parsed(raw: &str) -> Parsed {
+        parse(raw.as_bytes(), LIMITS)
+    }
+
+    fn head(raw: &str) -> Head {
+        match parsed(raw) {
+            Parsed::Head(h) => h,
+            Parsed::Partial => panic!("partial: {raw:?}"),
+            Parsed::Hyper(why) => panic!("handed to hyper ({why:?}): {raw:?}"),
+        }
+    }
+
+    #[test]
+    fn simple_requests_stay_on_the_fast_path_with_their_keep_alive() {
+        assert!(head("GET / HTTP/1.1\r\nHost: a\r\n\r\n").keep_alive);
+        assert!(!head("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive);
+        assert!(!head("GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(head("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
+        assert!(
+            !head("GET / HTTP/1.0\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n")
+                .keep_alive,
+            "close wins"
+        );
+        let post = head("POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello");
+        assert_eq!(post.body, 5);
+        assert_eq!(post.headers.len(), 1);
+    }
+
+    #[test]
+    fn anything_but_the_simple_case_goes_to_hyper() {
+        use Handover::*;
+        for (raw, why) in [
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                Chunked,
+            ),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+                Expect,
+            ),
+            (
+                "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+                Upgrade,
+            ),
+            ("GET / HTTP/1.1\r\nUpgrade: h2c\r\n\r\n", Upgrade),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+                Head,
+            ),
+            ("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello", Head),
+            ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Http2),
+            ("GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n", Head),
+            ("GET / HTTP/1.1\r\nHost : a\r\n\r\n", Head),
+        ] {
+            match parsed(raw) {
+                Parsed::Hyper(got) => assert_eq!(got, why, "{raw:?}"),
+                _ => panic!("kept on the fast path: {raw:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn heads_past_what_hyper_takes_are_left_to_hyper_to_refuse() {
+        let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
+        let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert!(matches!(
+            parse(raw.as_bytes(), LIMITS),
+            Parsed::Hyper(Handover::Head)
+        ));
+        let raw = format!("GET / HTTP/1.1\r\nX-A: {}\r\n\r\n", "a".repeat(1000));
+        assert!(matches!(
+            parse(raw.as_bytes(), (512, 100)),
+            Parsed::Hyper(Handover::Head)
+        ));
+        // Not complete and not yet too long: wait for more.
+        assert!(matches!(
+            parsed("GET / HTTP/1.1\r\nHost: a\r\n"),
+            Parsed::Partial
+        ));
+        let partial = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1000));
+        assert!(matches!(
+            parse(partial.as_bytes(), (512, 100)),
+            Parsed::Hyper(Handover::Head)
+        ));
+    }
+
+    #[test]
+    fn a_head_hyper_must_answer_is_put_back_whole() {
+        // httparse takes this target; `Uri` refuses it, so hyper answers.
+        let bad = "GET /<q> HTTP/1.1\r\nHost: a\r\n\r\nNEXT";
+        let Parsed::Head(h) = parsed(bad) else {
+            panic!("httparse takes {bad:?}")
+        };
+        let mut buf = BytesMut::from(bad.as_bytes());
+        assert!(h.request(&mut buf).is_none());
+        assert_eq!(&buf[..], bad.as_bytes(), "every byte back, in order");
+        let mut buf = BytesMut::from("GET /x?y=1 HTTP/1.1\r\nHost: a\r\n\r\nGET /next".as_bytes());
+        let h = match parse(&buf, LIMITS) {
+            Parsed::Head(h) => h,
+            _ => panic!("a simple head"),
+        };
+        let (req, body, pump) = h.request(&mut buf).unwrap();
+        assert!(pump.is_none(), "no body, nothing to pump");
+        assert_eq!(req.uri(), "/x?y=1");
+        assert_eq!(req.headers()["host"], "a");
+        assert!(body.is_end_stream());
+        assert_eq!(
+            &buf[..],
+            b"GET /next",
+            "the next request stays in the buffer"
+        );
+    }
+}

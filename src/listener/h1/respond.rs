@@ -1,0 +1,322 @@
+//! Writing a response to an HTTP/1.x client the way hyper did (so clients
+//! see what they saw before): the head encoded once, `Content-Length`
+//! when known, else chunked (close-delimited for HTTP/1.0), no body for
+//! HEAD, 204 and 304, `Connection` as the request and the server need, a
+//! `Date` per second; the head and a small body in one write.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header;
+use http::{Response, StatusCode};
+use http_body::{Body, Frame};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::Duplex;
+use crate::pipeline::body::ProxyBody;
+
+/// A response body piece at most this large is copied next to its head
+/// (one write); a larger one is written from where it is.
+const COPY_BODY: usize = 16 << 10;
+
+/// What the response's framing depends on in its request.
+pub(super) struct Facts {
+    pub(super) head: bool,
+    pub(super) http10: bool,
+    pub(super) keep_alive: bool,
+}
+
+/// How a response body is delimited on the wire.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    /// Nothing follows the head.
+    None,
+    Length(u64),
+    Chunked,
+    /// HTTP/1.0 with no length: the close ends it.
+    Close,
+}
+
+/// Writes `resp`: whether the connection may carry another request. The
+/// head follows hyper's rules, so clients see what they saw before.
+pub(super) async fn respond<I>(
+    io: &mut Duplex<'_, I>,
+    out: &mut Vec<u8>,
+    resp: Response<ProxyBody>,
+    facts: &Facts,
+    mut keep: bool,
+) -> io::Result<bool>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status;
+    let no_length = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let bodiless = facts.head || no_length;
+    // `None`: the body has ended already.
+    let hint = (!body.is_end_stream()).then(|| body.size_hint().exact());
+    out.clear();
+    if facts.http10 {
+        out.extend_from_slice(b"HTTP/1.0 ");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+    }
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let (mut length, mut wrote_date, mut said_close, mut said_keep_alive) =
+        (None, false, false, false);
+    for (name, value) in &parts.headers {
+        match *name {
+            header::CONTENT_LENGTH => {
+                if length.is_some() || no_length {
+                    continue;
+                }
+                length = match hint {
+                    Some(Some(n)) => Some(n),
+                    Some(None) => parse_length(value.as_bytes()),
+                    None if facts.head => parse_length(value.as_bytes()),
+                    None => None,
+                };
+                if length.is_none() {
+                    continue;
+                }
+            }
+            // Framing is decided here.
+            header::TRANSFER_ENCODING => continue,
+            header::CONNECTION => {
+                for t in value.as_bytes().split(|&b| b == b',') {
+                    said_close |= t.trim_ascii().eq_ignore_ascii_case(b"close");
+                    said_keep_alive |= t.trim_ascii().eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            header::DATE => wrote_date = true,
+            _ => {}
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    keep &= !said_close;
+    let framing = match (bodiless, hint, length) {
+        (true, Some(Some(n)), None) if !no_length => {
+            header_line(
+                out,
+                b"content-length: ",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
+            Framing::None
+        }
+        (true, ..) => Framing::None,
+        (false, None, _) => {
+            header_line(out, b"content-length: ", b"0");
+            Framing::None
+        }
+        (false, Some(_), Some(n)) => Framing::Length(n),
+        (false, Some(Some(n)), None) => {
+            header_line(
+                out,
+                b"content-length: ",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
+            Framing::Length(n)
+        }
+        (false, Some(None), None) if facts.http10 => {
+            keep = false;
+            Framing::Close
+        }
+        (false, Some(None), None) => {
+            header_line(out, b"transfer-encoding: ", b"chunked");
+            Framing::Chunked
+        }
+    };
+    if facts.http10 {
+        if keep && !said_keep_alive {
+            header_line(out, b"connection: ", b"keep-alive");
+        }
+    } else if !keep && !said_close {
+        header_line(out, b"connection: ", b"close");
+    }
+    if !wrote_date {
+        header_line(out, b"date: ", &date());
+    }
+    out.extend_from_slice(b"\r\n");
+    if framing == Framing::None {
+        // A body that is not sent is not read either (HEAD, 204, 304).
+        write_all(io, &mut [IoSlice::new(out)]).await?;
+        io.flush().await?;
+        return Ok(keep);
+    }
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => u64::MAX,
+    };
+    // `out` holds the head until it is written, with the first piece of
+    // the body when that is ready at once.
+    let mut head_sent = false;
+    loop {
+        let frame = match next_frame(&mut body, io, head_sent).await {
+            Next::Frame(frame) => frame,
+            Next::Waiting => {
+                write_all(io, &mut [IoSlice::new(out)]).await?;
+                io.flush().await?;
+                out.clear();
+                head_sent = true;
+                continue;
+            }
+        };
+        let data = match frame {
+            None => break,
+            // Broken off: the client sees a cut response (no last chunk,
+            // a short length), never one that looks whole.
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => data,
+                // Trailers are not sent (as before).
+                _ => continue,
+            },
+        };
+        let data = if data.len() as u64 > left {
+            data.slice(..left as usize)
+        } else {
+            data
+        };
+        left -= data.len() as u64;
+        let mut size = [0u8; 20];
+        let (prefix, suffix): (&[u8], &[u8]) = match framing {
+            Framing::Chunked => (chunk_size(data.len(), &mut size), b"\r\n"),
+            _ => (b"", b""),
+        };
+        out.extend_from_slice(prefix);
+        if data.len() <= COPY_BODY {
+            out.extend_from_slice(&data);
+            out.extend_from_slice(suffix);
+            write_all(io, &mut [IoSlice::new(out)]).await?;
+        } else {
+            let mut bufs = [IoSlice::new(out), IoSlice::new(&data), IoSlice::new(suffix)];
+            write_all(io, &mut bufs).await?;
+        }
+        io.flush().await?;
+        out.clear();
+        head_sent = true;
+        if left == 0 {
+            break;
+        }
+    }
+    match framing {
+        Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
+        Framing::Length(_) if left > 0 => keep = false,
+        _ => {}
+    }
+    if !out.is_empty() {
+        write_all(io, &mut [IoSlice::new(out)]).await?;
+        io.flush().await?;
+    }
+    out.clear();
+    Ok(keep && framing != Framing::Close)
+}
+
+enum Next {
+    Frame(Option<Result<Frame<Bytes>, crate::pipeline::body::ResponseBodyError>>),
+    /// Not ready, and the head is not out yet: write it first.
+    Waiting,
+}
+
+/// The body's next frame; if it is not ready and the head is still
+/// unwritten, says so at once instead of waiting. The request body is
+/// pumped meanwhile (the upstream may wait for it to answer more).
+async fn next_frame<I: AsyncRead + Unpin>(
+    body: &mut ProxyBody,
+    io: &mut Duplex<'_, I>,
+    head_sent: bool,
+) -> Next {
+    poll_fn(|cx| loop {
+        let pumped = io.poll_pump(cx);
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(frame) => return Poll::Ready(Next::Frame(frame)),
+            Poll::Pending if !head_sent => return Poll::Ready(Next::Waiting),
+            Poll::Pending if pumped => continue,
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await
+}
+
+fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn parse_length(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// A chunk's size line (`1a2f\r\n`), written into `buf`.
+fn chunk_size(n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, slot) in buf[..digits].iter_mut().enumerate() {
+        let nibble = (n >> (4 * (digits - 1 - i))) & 0xf;
+        *slot = b"0123456789abcdef"[nibble];
+    }
+    buf[digits..digits + 2].copy_from_slice(b"\r\n");
+    &buf[..digits + 2]
+}
+
+/// Writes every byte of `bufs`, vectored where the stream can.
+async fn write_all<I: AsyncWrite + Unpin>(
+    io: &mut I,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = io.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// The `Date` value, formatted once per second per thread.
+fn date() -> [u8; 29] {
+    use std::cell::Cell;
+    thread_local! {
+        static DATE: Cell<(u64, [u8; 29])> = const { Cell::new((0, [0; 29])) };
+    }
+    let secs = crate::clock::unix_ms() / 1000;
+    DATE.with(|d| {
+        let (at, value) = d.get();
+        if at == secs {
+            return value;
+        }
+        let mut value = [0; 29];
+        let text = httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(secs));
+        value.copy_from_slice(&text.as_bytes()[..29]);
+        d.set((secs, value));
+        value
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_lower_case_hex() {
+        let mut b = [0; 20];
+        assert_eq!(chunk_size(5, &mut b), b"5\r\n");
+        assert_eq!(chunk_size(255, &mut b), b"ff\r\n");
+        assert_eq!(chunk_size(4096, &mut b), b"1000\r\n");
+        assert_eq!(chunk_size(usize::MAX, &mut b), b"ffffffffffffffff\r\n");
+    }
+}
