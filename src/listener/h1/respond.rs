@@ -151,6 +151,10 @@ where
     out.extend_from_slice(b"\r\n");
     if framing == Framing::None {
         // A body that is not sent is not read either (HEAD, 204, 304).
+        // Dropped first: the request ends (access log, in-flight count)
+        // before the client has its answer, so a client's next request
+        // is never logged before this one.
+        drop(body);
         write_all(io, &mut [IoSlice::new(out)]).await?;
         io.flush().await?;
         return Ok(keep);
@@ -159,17 +163,15 @@ where
         Framing::Length(n) => n,
         _ => u64::MAX,
     };
-    // `out` holds the head until it is written, with the first piece of
-    // the body when that is ready at once.
-    let mut head_sent = false;
+    // `out` gathers the head and the body pieces that are ready at once;
+    // it is written when the body makes us wait, or ends.
     loop {
-        let frame = match next_frame(&mut body, io, head_sent).await {
+        let frame = match next_frame(&mut body, io, out.is_empty()).await {
             Next::Frame(frame) => frame,
             Next::Waiting => {
                 write_all(io, &mut [IoSlice::new(out)]).await?;
                 io.flush().await?;
                 out.clear();
-                head_sent = true;
                 continue;
             }
         };
@@ -199,18 +201,23 @@ where
         if data.len() <= COPY_BODY {
             out.extend_from_slice(&data);
             out.extend_from_slice(suffix);
-            write_all(io, &mut [IoSlice::new(out)]).await?;
+            if out.len() >= 4 * COPY_BODY {
+                write_all(io, &mut [IoSlice::new(out)]).await?;
+                io.flush().await?;
+                out.clear();
+            }
         } else {
             let mut bufs = [IoSlice::new(out), IoSlice::new(&data), IoSlice::new(suffix)];
             write_all(io, &mut bufs).await?;
+            io.flush().await?;
+            out.clear();
         }
-        io.flush().await?;
-        out.clear();
-        head_sent = true;
         if left == 0 {
             break;
         }
     }
+    // The request ends before its last bytes go out (see above).
+    drop(body);
     match framing {
         Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
         Framing::Length(_) if left > 0 => keep = false,
@@ -226,23 +233,24 @@ where
 
 enum Next {
     Frame(Option<Result<Frame<Bytes>, crate::pipeline::body::ResponseBodyError>>),
-    /// Not ready, and the head is not out yet: write it first.
+    /// Not ready, and bytes wait in `out`: write them first.
     Waiting,
 }
 
-/// The body's next frame; if it is not ready and the head is still
-/// unwritten, says so at once instead of waiting. The request body is
-/// pumped meanwhile (the upstream may wait for it to answer more).
+/// The body's next frame; if it is not ready and there are bytes not yet
+/// written (`may_wait` false), says so at once instead of waiting. The
+/// request body is pumped meanwhile (the upstream may wait for it to
+/// answer more).
 async fn next_frame<I: AsyncRead + Unpin>(
     body: &mut ProxyBody,
     io: &mut Duplex<'_, I>,
-    head_sent: bool,
+    may_wait: bool,
 ) -> Next {
     poll_fn(|cx| loop {
         let pumped = io.poll_pump(cx);
         match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(frame) => return Poll::Ready(Next::Frame(frame)),
-            Poll::Pending if !head_sent => return Poll::Ready(Next::Waiting),
+            Poll::Pending if !may_wait => return Poll::Ready(Next::Waiting),
             Poll::Pending if pumped => continue,
             Poll::Pending => return Poll::Pending,
         }
