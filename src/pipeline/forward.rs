@@ -8,29 +8,48 @@
 //! passed through.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 /// Always removed on the way through, in both directions.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
 ];
 
+/// Whether a field is hop-by-hop whatever `Connection` says (names are
+/// lower case in a `HeaderMap`).
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
 /// Client-sent forwarding headers: replaced, never trusted.
-const FORWARDING: [HeaderName; 8] = [
-    header::FORWARDED,
-    HeaderName::from_static("x-forwarded-for"),
-    HeaderName::from_static("x-forwarded-proto"),
-    HeaderName::from_static("x-forwarded-host"),
-    HeaderName::from_static("x-forwarded-port"),
-    HeaderName::from_static("x-real-ip"),
-    HeaderName::from_static("cf-connecting-ip"),
-    HeaderName::from_static("true-client-ip"),
-];
+fn forwarding(name: &str) -> bool {
+    matches!(
+        name,
+        "forwarded"
+            | "x-forwarded-for"
+            | "x-forwarded-proto"
+            | "x-forwarded-host"
+            | "x-forwarded-port"
+            | "x-real-ip"
+            | "cf-connecting-ip"
+            | "true-client-ip"
+    )
+}
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -52,14 +71,41 @@ pub struct Forwarded<'a> {
     pub host: Option<HeaderValue>,
 }
 
-/// Removes every field of `names` the map holds. A request carries a
-/// handful of fields: one walk over them is cheaper than a hashed lookup
-/// per name, and most of the time finds nothing to remove.
-fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
-    if !headers.keys().any(|k| names.contains(k)) {
-        return;
+/// Removes `Connection`, every header it names, the fixed hop-by-hop set
+/// and the fields `also` picks. A message carries a handful of fields: one
+/// walk over them finds what to remove (most of the time little or
+/// nothing), instead of a hashed lookup per name.
+fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
+    let mut gone: SmallVec<[HeaderName; 4]> = SmallVec::new();
+    let mut previous: Option<&HeaderName> = None;
+    for (name, value) in headers.iter() {
+        if name == header::CONNECTION {
+            // `keep-alive`, `close` and `upgrade`, the usual tokens, name
+            // nothing beyond the fixed set: no header name is built (and
+            // allocated) for them.
+            let tokens = value.to_str().unwrap_or("").split(',').map(str::trim);
+            for token in tokens {
+                if token.is_empty()
+                    || token.eq_ignore_ascii_case("close")
+                    || HOP_BY_HOP.iter().any(|h| token.eq_ignore_ascii_case(h))
+                {
+                    continue;
+                }
+                if let Ok(named) = HeaderName::from_bytes(token.as_bytes()) {
+                    gone.push(named);
+                }
+            }
+        }
+        // A name with several values comes up once per value, in a row.
+        if previous == Some(name) {
+            continue;
+        }
+        previous = Some(name);
+        if hop_by_hop(name.as_str()) || also(name.as_str()) {
+            gone.push(name.clone());
+        }
     }
-    for name in names {
+    for name in gone {
         headers.remove(name);
     }
 }
@@ -67,49 +113,28 @@ fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
 /// Removes `Connection` and every header it names, then the fixed
 /// hop-by-hop set.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        // `keep-alive`, `close` and `upgrade`, the usual tokens, name
-        // nothing beyond the fixed set removed below: no header name is
-        // built (and allocated) for them.
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| {
-                !t.eq_ignore_ascii_case("close")
-                    && !HOP_BY_HOP
-                        .iter()
-                        .any(|h| t.eq_ignore_ascii_case(h.as_str()))
-            })
-            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    remove_all(headers, &HOP_BY_HOP);
+    strip(headers, |_| false);
 }
 
 /// Rewrites a request's headers for the upstream. `upgrade` is the
 /// protocol to carry through (`websocket`), re-added after stripping.
 pub fn request_headers(headers: &mut HeaderMap, upgrade: Option<HeaderValue>, fwd: Forwarded<'_>) {
-    strip_hop_by_hop(headers);
-    if !fwd.trusted {
-        remove_all(headers, &FORWARDING);
-    }
-    // tollgate answers `Expect: 100-continue` itself when it reads the body.
-    headers.remove(header::EXPECT);
+    // tollgate answers `Expect: 100-continue` itself when it reads the
+    // body; an untrusted peer's forwarding fields go.
+    let trusted = fwd.trusted;
+    strip(headers, |name| {
+        name == "expect" || (!trusted && forwarding(name))
+    });
     // Room for the fields added below, made once.
     headers.reserve(4);
     headers.insert(X_FORWARDED_FOR, fwd.chain);
     headers.insert(X_REAL_IP, fwd.client.clone());
-    if !headers.contains_key(X_FORWARDED_PROTO) {
+    // From an untrusted peer they are gone already.
+    if !trusted || !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
     }
     if let Some(host) = fwd.host {
-        if !headers.contains_key(X_FORWARDED_HOST) {
+        if !trusted || !headers.contains_key(X_FORWARDED_HOST) {
             headers.insert(X_FORWARDED_HOST, host);
         }
     }
@@ -209,6 +234,23 @@ mod tests {
             assert!(!h.contains_key(gone), "{gone} should be removed");
         }
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn every_connection_line_names_fields_to_remove() {
+        let mut h = map(&[
+            ("connection", "x-one"),
+            ("connection", "X-Two, close"),
+            ("x-one", "1"),
+            ("x-two", "2"),
+            ("x-three", "3"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        for gone in ["connection", "x-one", "x-two"] {
+            assert!(!h.contains_key(gone), "{gone} should be removed");
+        }
+        assert_eq!(h["x-three"], "3");
+        assert_eq!(h.len(), 1);
     }
 
     #[test]
