@@ -205,6 +205,23 @@ async fn unmatched_requests_get_problem_bodies() {
     assert_eq!(send1(&mut c, req).await.body, "only");
 }
 
+/// The upstream sees a length only where there is a body or the method
+/// expects one: a bodiless GET goes without `Content-Length` (as nginx
+/// sends it), an empty POST with `Content-Length: 0`.
+#[tokio::test]
+async fn only_requests_that_may_have_a_body_go_upstream_with_a_length() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied_with_canned(&up)).await;
+    let mut c = h1(proxy.addr()).await;
+    let got = send1(&mut c, request("GET", "/x", empty())).await;
+    assert_eq!(got.seen_header("content-length"), None);
+    assert_eq!(got.seen_header("transfer-encoding"), None);
+    let got = send1(&mut c, request("POST", "/x", empty())).await;
+    assert_eq!(got.seen_header("content-length").as_deref(), Some("0"));
+    let got = send1(&mut c, request("POST", "/x", full(&b"12345"[..]))).await;
+    assert_eq!(got.seen_header("content-length").as_deref(), Some("5"));
+}
+
 #[tokio::test]
 async fn head_and_empty_bodies_keep_the_connection_pooled() {
     let up = Upstream::spawn().await;

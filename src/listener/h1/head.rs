@@ -163,7 +163,9 @@ impl Head {
     /// The request, its names moved in and its values sliced from `head`.
     fn build(self, head: &Bytes) -> Option<Request<()>> {
         let uri = Uri::from_maybe_shared(head.slice(self.path.0..self.path.1)).ok()?;
-        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        // Room for the forwarding fields the upstream stage adds (four,
+        // and `Host`), so the map is not rebuilt larger on the way.
+        let mut headers = HeaderMap::with_capacity(self.headers.len() + 5);
         for (name, a, b) in self.headers {
             let value = HeaderValue::from_maybe_shared(head.slice(a as usize..b as usize)).ok()?;
             headers.append(name, value);

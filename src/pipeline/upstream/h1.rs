@@ -17,7 +17,6 @@
 //! written whole, nothing extra arrived and neither side said `close`.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -519,24 +518,27 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
         // Room for the rate-limit headers the response stage adds, so the
         // map does not grow (rehash) on the way out.
         let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 8);
+        // What the framing rules read, gathered as the map is built.
+        let mut fields = Fields::default();
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| format!("bad header name {:?}", h.name))?;
             let start = h.value.as_ptr() as usize - base;
             let value = HeaderValue::from_maybe_shared(head.slice(start..start + h.value.len()))
                 .map_err(|_| format!("bad value for header {name}"))?;
+            fields.note(&name, &value);
             headers.append(name, value);
         }
         read.advance(len);
-        let (framing, mut keep_alive) = framing(&headers, status, method)?;
-        if headers.contains_key(TRANSFER_ENCODING) {
+        let (framing, mut keep_alive) = framing(&fields, status, method)?;
+        if fields.coding.is_some() && fields.length.is_some() {
             // The transfer coding wins; a length beside it is a lie the
             // client must not see (RFC 9112 §6.3).
             headers.remove(CONTENT_LENGTH);
         }
         keep_alive &= match version {
-            Version::HTTP_10 => has_token(&headers, "keep-alive"),
-            _ => !has_token(&headers, "close"),
+            Version::HTTP_10 => fields.keep_alive,
+            _ => !fields.close,
         };
         let mut response = Response::new(());
         *response.status_mut() = status;
@@ -551,9 +553,71 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
     }
 }
 
+/// What a response head's fields say about its framing and reuse.
+#[derive(Default)]
+struct Fields {
+    /// With a `Transfer-Encoding`: whether its last coding is `chunked`.
+    coding: Option<bool>,
+    /// With a `Content-Length`: the length all its values agree on, or
+    /// what is wrong with them.
+    length: Option<Result<u64, String>>,
+    /// `Connection` tokens.
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Fields {
+    fn note(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == TRANSFER_ENCODING {
+            // A value that is not text is no "chunked" either; the last
+            // coding named wins.
+            let last = value
+                .to_str()
+                .unwrap_or("?")
+                .split(',')
+                .map(str::trim)
+                .rfind(|t| !t.is_empty());
+            if let Some(t) = last {
+                self.coding = Some(t.eq_ignore_ascii_case("chunked"));
+            } else if self.coding.is_none() {
+                self.coding = Some(false);
+            }
+        } else if name == CONTENT_LENGTH {
+            self.length = Some(match self.length.take() {
+                Some(Err(e)) => Err(e),
+                Some(Ok(n)) => add_length(Some(n), value),
+                None => add_length(None, value),
+            });
+        } else if name == CONNECTION {
+            for t in value.to_str().unwrap_or("").split(',').map(str::trim) {
+                self.close |= t.eq_ignore_ascii_case("close");
+                self.keep_alive |= t.eq_ignore_ascii_case("keep-alive");
+            }
+        }
+    }
+}
+
+/// The length of a `Content-Length` value, whose lengths must all agree
+/// with each other and with the one `known` from an earlier value.
+fn add_length(mut known: Option<u64>, value: &HeaderValue) -> Result<u64, String> {
+    for part in value.to_str().map_err(|_| "bad Content-Length")?.split(',') {
+        let part = part.trim();
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("bad Content-Length {part:?}"));
+        }
+        let n: u64 = part.parse().map_err(|_| "Content-Length too large")?;
+        if known.is_some_and(|l| l != n) {
+            return Err("conflicting Content-Length values".into());
+        }
+        known = Some(n);
+    }
+    // `split` yields at least one part, so there is a length.
+    known.ok_or_else(|| "bad Content-Length".into())
+}
+
 /// The response body's framing, and whether the framing allows reuse.
 fn framing(
-    headers: &HeaderMap,
+    fields: &Fields,
     status: StatusCode,
     method: &Method,
 ) -> Result<(Framing, bool), String> {
@@ -564,51 +628,20 @@ fn framing(
     {
         return Ok((Framing::Length(0), true));
     }
-    if headers.contains_key(TRANSFER_ENCODING) {
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            // A value that is not text is no "chunked" either.
-            .map(|v| v.to_str().unwrap_or("?"))
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        let chunked = last.is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+    if let Some(chunked) = fields.coding {
         // With a Content-Length beside it, the message may be smuggling:
         // read it chunked, but never reuse the connection.
-        let reuse = chunked && !headers.contains_key(CONTENT_LENGTH);
+        let reuse = chunked && fields.length.is_none();
         return Ok(match chunked {
             true => (Framing::Chunked(Chunk::Size), reuse),
             false => (Framing::Close, false),
         });
     }
-    let mut length = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        for part in v.to_str().map_err(|_| "bad Content-Length")?.split(',') {
-            let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("bad Content-Length {part:?}"));
-            }
-            let n: u64 = part.parse().map_err(|_| "Content-Length too large")?;
-            if length.is_some_and(|l| l != n) {
-                return Err("conflicting Content-Length values".into());
-            }
-            length = Some(n);
-        }
+    match &fields.length {
+        Some(Ok(n)) => Ok((Framing::Length(*n), true)),
+        Some(Err(e)) => Err(e.clone()),
+        None => Ok((Framing::Close, false)),
     }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::Close, false),
-    })
-}
-
-fn has_token(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// An upstream response body.
@@ -880,9 +913,15 @@ pub fn encode_head(parts: &http::request::Parts, length: Option<u64>, chunked: b
     }
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    } else if let Some(n) = length.filter(|_| !parts.headers.contains_key(CONTENT_LENGTH)) {
-        // Written in place: `format!` would allocate on every request.
-        let _ = write!(out, "content-length: {n}\r\n");
+    } else if let Some(n) = length.filter(|&n| {
+        // No length for a GET, HEAD or CONNECT without a body, whose
+        // methods expect none (RFC 9110 §8.6, as nginx and hyper send them).
+        let expects_body = !matches!(parts.method, Method::GET | Method::HEAD | Method::CONNECT);
+        (n > 0 || expects_body) && !parts.headers.contains_key(CONTENT_LENGTH)
+    }) {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
     out.freeze()
