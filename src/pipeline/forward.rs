@@ -24,16 +24,7 @@ const HOP_BY_HOP: [&str; 7] = [
 /// Whether a field is hop-by-hop whatever `Connection` says (names are
 /// lower case in a `HeaderMap`).
 fn hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
+    HOP_BY_HOP.contains(&name)
 }
 
 /// Client-sent forwarding headers: replaced, never trusted.
