@@ -83,7 +83,7 @@ fn bench_headers(c: &mut Criterion) {
         b.iter_batched(
             || base.clone(),
             |mut h| {
-                request_headers(
+                let added = request_headers(
                     &mut h,
                     None,
                     Forwarded {
@@ -94,7 +94,7 @@ fn bench_headers(c: &mut Criterion) {
                         host: Some(HeaderValue::from_static("api.example.com")),
                     },
                 );
-                h
+                (h, added)
             },
             criterion::BatchSize::SmallInput,
         )

@@ -107,32 +107,46 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, |_| false);
 }
 
-/// Rewrites a request's headers for the upstream. `upgrade` is the
-/// protocol to carry through (`websocket`), re-added after stripping.
-pub fn request_headers(headers: &mut HeaderMap, upgrade: Option<HeaderValue>, fwd: Forwarded<'_>) {
+/// The fields tollgate adds to an upstream request, written into its head
+/// after the client's fields (which no longer hold these names): no map
+/// insert, no hashing, for fields only the upstream reads.
+pub type Added = SmallVec<[(HeaderName, HeaderValue); 6]>;
+
+/// Rewrites a request's headers for the upstream and returns the fields
+/// tollgate adds. `upgrade` is the protocol to carry through (`websocket`),
+/// re-added after stripping.
+pub fn request_headers(
+    headers: &mut HeaderMap,
+    upgrade: Option<HeaderValue>,
+    fwd: Forwarded<'_>,
+) -> Added {
     // tollgate answers `Expect: 100-continue` itself when it reads the
-    // body; an untrusted peer's forwarding fields go.
+    // body; an untrusted peer's forwarding fields go, and so does any
+    // `X-Forwarded-For` / `X-Real-IP`, which tollgate writes itself.
     let trusted = fwd.trusted;
     strip(headers, |name| {
-        name == "expect" || (!trusted && forwarding(name))
+        name == "expect"
+            || name == "x-forwarded-for"
+            || name == "x-real-ip"
+            || (!trusted && forwarding(name))
     });
-    // Room for the fields added below, made once.
-    headers.reserve(4);
-    headers.insert(X_FORWARDED_FOR, fwd.chain);
-    headers.insert(X_REAL_IP, fwd.client.clone());
+    let mut added = Added::new();
+    added.push((X_FORWARDED_FOR, fwd.chain));
+    added.push((X_REAL_IP, fwd.client.clone()));
     // From an untrusted peer they are gone already.
     if !trusted || !headers.contains_key(X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
+        added.push((X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto)));
     }
     if let Some(host) = fwd.host {
         if !trusted || !headers.contains_key(X_FORWARDED_HOST) {
-            headers.insert(X_FORWARDED_HOST, host);
+            added.push((X_FORWARDED_HOST, host));
         }
     }
     if let Some(protocol) = upgrade {
-        headers.insert(header::CONNECTION, UPGRADE_TOKEN);
-        headers.insert(header::UPGRADE, protocol);
+        added.push((header::CONNECTION, UPGRADE_TOKEN));
+        added.push((header::UPGRADE, protocol));
     }
+    added
 }
 
 /// Rewrites an upstream response's headers for the client. A `101
@@ -179,10 +193,11 @@ mod tests {
     }
 
     /// The request fields for the upstream, from client 203.0.113.9 asking
-    /// for api.example.com.
+    /// for api.example.com: the client's that are kept, then tollgate's,
+    /// none of whose names the client's still hold.
     fn forward(h: &mut HeaderMap, trusted: bool, proto: &'static str) {
         let client = HeaderValue::from_static("203.0.113.9");
-        request_headers(
+        let added = request_headers(
             h,
             None,
             Forwarded {
@@ -193,6 +208,10 @@ mod tests {
                 host: Some(HeaderValue::from_static("api.example.com")),
             },
         );
+        for (name, value) in added {
+            assert!(!h.contains_key(&name), "{name} would go upstream twice");
+            h.append(name, value);
+        }
     }
 
     #[test]

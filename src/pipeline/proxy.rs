@@ -50,7 +50,9 @@ pub async fn forward(
 
     let body = body.take();
     let (mut parts, ()) = req.into_parts();
-    let host = parts.headers.get(HOST).cloned().or_else(|| {
+    let client_host = parts.headers.get(HOST).cloned();
+    let has_host = client_host.is_some();
+    let host = client_host.or_else(|| {
         parts
             .uri
             .authority()
@@ -59,7 +61,7 @@ pub async fn forward(
     let proto = if conn.tls { "https" } else { "http" };
     let client = &cx.client;
     let chain = client_ip::forwarded_for(&parts.headers, &conn.client, client.peer_trusted);
-    forward::request_headers(
+    let added = forward::request_headers(
         &mut parts.headers,
         upgrade,
         Forwarded {
@@ -73,6 +75,8 @@ pub async fn forward(
     // Without a Host here, `send` writes the host:port of the target it
     // actually uses (`host_header: target`, or a request with no host).
     match (&upstream.host_header, host) {
+        // The client's own Host stays where it is.
+        (HostHeader::Preserve, Some(_)) if has_host => {}
         (HostHeader::Preserve, Some(h)) => {
             parts.headers.insert(HOST, h);
         }
@@ -120,7 +124,7 @@ pub async fn forward(
     let req = Request::from_parts(parts, body);
 
     let mut target = None;
-    let sent = upstream.send(req, &mut target).await;
+    let sent = upstream.send(req, &added, &mut target).await;
     cx.end.set_target(target);
     let mut response = match sent? {
         Answer::Response(response) => response,

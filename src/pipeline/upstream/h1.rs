@@ -891,21 +891,29 @@ impl Body for ResponseBody {
     }
 }
 
-/// The request head for the upstream: request line, fields, and the
-/// framing the body needs (`chunked`: its length is unknown).
-pub fn encode_head(parts: &http::request::Parts, length: Option<u64>, chunked: bool) -> Bytes {
+/// The request head for the upstream: request line, the request's fields
+/// then the ones tollgate `added`, and the framing the body needs
+/// (`chunked`: its length is unknown).
+pub fn encode_head(
+    parts: &http::request::Parts,
+    added: &[(HeaderName, HeaderValue)],
+    length: Option<u64>,
+    chunked: bool,
+) -> Bytes {
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let size: usize = parts
-        .headers
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len() + 4)
-        .sum();
+    let fields = || {
+        parts
+            .headers
+            .iter()
+            .chain(added.iter().map(|(n, v)| (n, v)))
+    };
+    let size: usize = fields().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
     let mut out = BytesMut::with_capacity(parts.method.as_str().len() + target.len() + size + 64);
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.extend_from_slice(b" ");
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
+    for (name, value) in fields() {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());

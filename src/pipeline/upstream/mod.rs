@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
 use http::{Method, Request};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -149,6 +149,7 @@ impl Upstream {
     pub async fn send(
         &self,
         req: Request<RequestBody>,
+        added: &[(HeaderName, HeaderValue)],
         chosen: &mut Option<Arc<str>>,
     ) -> Result<Answer, ProxyError> {
         let (mut parts, body) = req.into_parts();
@@ -211,7 +212,7 @@ impl Upstream {
                     if target_host {
                         parts.headers.insert(HOST, target.host_value.clone());
                     }
-                    let head = h1::encode_head(&parts, length, chunked);
+                    let head = h1::encode_head(&parts, added, length, chunked);
                     let exchange = h1::exchange(
                         conn,
                         head,
