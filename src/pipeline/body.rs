@@ -280,6 +280,8 @@ pub struct ProxyBody {
     /// Logs the request and releases the connection's in-flight count when
     /// the response is done (or abandoned).
     end: Option<RequestEnd>,
+    /// Head fields that travel with the body, see [`ProxyBody::set_fields`].
+    fields: Option<Bytes>,
 }
 
 enum Kind {
@@ -302,6 +304,7 @@ impl ProxyBody {
                 data: (!data.is_empty()).then_some(data),
             },
             end: None,
+            fields: None,
         }
     }
 
@@ -309,6 +312,7 @@ impl ProxyBody {
         ProxyBody {
             kind: Kind::Full { data: None },
             end: None,
+            fields: None,
         }
     }
 
@@ -324,11 +328,32 @@ impl ProxyBody {
                 stall: Stall::new(idle_timeout),
             },
         };
-        ProxyBody { kind, end: None }
+        ProxyBody {
+            kind,
+            end: None,
+            fields: None,
+        }
     }
 
     pub fn set_end(&mut self, end: RequestEnd) {
         self.end = Some(end);
+    }
+
+    /// Head fields for the response, encoded as `name: value\r\n` lines
+    /// (the rate-limit headers): tollgate's HTTP/1 server writes them after
+    /// the header map's fields as they are; for hyper's servers they are
+    /// moved into the map first (`response::fields_into_map`).
+    pub fn set_fields(&mut self, lines: Bytes) {
+        self.fields = Some(lines);
+    }
+
+    /// The encoded head fields, if any (see [`ProxyBody::set_fields`]).
+    pub fn fields(&self) -> &[u8] {
+        self.fields.as_deref().unwrap_or_default()
+    }
+
+    pub fn take_fields(&mut self) -> Option<Bytes> {
+        self.fields.take()
     }
 }
 

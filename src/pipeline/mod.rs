@@ -357,11 +357,17 @@ impl Pipeline {
     /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
-        self.handle_parts(Request::from_parts(parts, ()), Some(body.into()), conn)
-            .await
+        let mut resp = self
+            .handle_parts(Request::from_parts(parts, ()), Some(body.into()), conn)
+            .await;
+        // hyper writes only the header map.
+        response::fields_into_map(&mut resp);
+        resp
     }
 
-    /// PROTOTYPE: a request whose body (if any) is `body`.
+    /// A request whose body (if any) is `body`: for tollgate's HTTP/1
+    /// server, which writes the response's encoded fields itself
+    /// (`ProxyBody::set_fields`); hyper's servers go through [`Pipeline::handle`].
     pub async fn handle_parts(
         &self,
         req: Request<()>,

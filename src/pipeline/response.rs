@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{HeaderMap, Method, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use smallvec::SmallVec;
 
 use super::body::ProxyBody;
@@ -178,7 +178,7 @@ pub fn rejected(
 ) -> Response<ProxyBody> {
     let mut resp = problem_response(r.status, rejection_body(r), Some(r.retry_after));
     if let (true, Some(route)) = (r.route_limit, route) {
-        add_headers(resp.headers_mut(), route, applied);
+        add_headers(&mut resp, route, applied);
     }
     resp
 }
@@ -190,7 +190,7 @@ pub fn limit_headers(
     applied: &[Applied],
 ) -> Response<ProxyBody> {
     if let Some(route) = route {
-        add_headers(resp.headers_mut(), route, applied);
+        add_headers(&mut resp, route, applied);
     }
     resp
 }
@@ -210,29 +210,42 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
 
 /// The rate-limit headers for `applied`: the most restrictive limit in the
 /// legacy fields, every limit in the IETF ones, a warning per limit past
-/// the route's `warn_at`.
-fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]) {
+/// the route's `warn_at`. They travel with the body as encoded lines (see
+/// [`ProxyBody::set_fields`]): the HTTP/1 server writes them as they are,
+/// no header map insert on the way; they replace any of the same names
+/// the response has (an upstream's own `X-RateLimit-Limit`), but not its
+/// warnings.
+fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[Applied]) {
     let (style, warn_at) = (route.headers, route.warn_at);
     let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
     let w = &applied[worst];
-    // Room for the IETF fields; the legacy ones alone mostly need none.
-    let mut values = Values::with_capacity(if style.ietf {
-        48 * applied.len() + 32
-    } else {
-        0
-    });
+    let mut lines = Lines(BytesMut::with_capacity(
+        if style.legacy { 96 } else { 0 }
+            + if style.ietf {
+                96 * applied.len() + 40
+            } else {
+                0
+            },
+    ));
+    let mut digits = itoa::Buffer::new();
     if style.legacy {
-        values.number(X_LIMIT, w.decision.limit);
-        values.number(X_REMAINING, w.decision.remaining);
+        lines.line(X_LIMIT, |b| {
+            b.extend_from_slice(digits.format(w.decision.limit).as_bytes())
+        });
+        lines.line(X_REMAINING, |b| {
+            b.extend_from_slice(digits.format(w.decision.remaining).as_bytes())
+        });
         let reset = secs(w.decision.reset_ms.max(1));
         let reset = if style.reset_epoch {
             crate::clock::unix_ms() / 1000 + reset
         } else {
             reset
         };
-        values.number(X_RESET, reset);
+        lines.line(X_RESET, |b| {
+            b.extend_from_slice(digits.format(reset).as_bytes())
+        });
     }
     if style.ietf {
         // The policy is the route's as configured unless a decision says
@@ -243,122 +256,115 @@ fn add_headers(headers: &mut HeaderMap, route: &RouteConfig, applied: &[Applied]
                 Arc::ptr_eq(name, &a.name) && a.decision.limit == *q && a.decision.window_ms == *w
             });
         match (&p.value, configured) {
-            (Some(v), true) => values.ready(RATELIMIT_POLICY, v.clone()),
+            (Some(v), true) => lines.line(RATELIMIT_POLICY, |b| b.extend_from_slice(v.as_bytes())),
             _ => {
                 let mut text = String::with_capacity(40 * applied.len());
                 for (i, a) in applied.iter().enumerate() {
                     let d = &a.decision;
                     write_policy_item(&mut text, i == 0, &a.name, d.limit, d.window_ms);
                 }
-                values.text(RATELIMIT_POLICY, text.as_bytes());
+                lines.line(RATELIMIT_POLICY, |b| b.extend_from_slice(text.as_bytes()));
             }
         }
-        let mut digits = itoa::Buffer::new();
-        let state = values.start();
-        for (i, a) in applied.iter().enumerate() {
-            let d = &a.decision;
-            let t = if d.admitted() {
-                d.reset_ms.div_ceil(1000)
-            } else {
-                secs(d.retry_after_ms)
-            };
-            let b = &mut values.buf;
-            if i > 0 {
-                b.extend_from_slice(b", ");
+        lines.line(RATELIMIT, |b| {
+            for (i, a) in applied.iter().enumerate() {
+                let d = &a.decision;
+                let t = if d.admitted() {
+                    d.reset_ms.div_ceil(1000)
+                } else {
+                    secs(d.retry_after_ms)
+                };
+                if i > 0 {
+                    b.extend_from_slice(b", ");
+                }
+                b.extend_from_slice(b"\"");
+                b.extend_from_slice(a.name.as_bytes());
+                b.extend_from_slice(b"\";r=");
+                b.extend_from_slice(digits.format(d.remaining).as_bytes());
+                b.extend_from_slice(b";t=");
+                b.extend_from_slice(digits.format(t).as_bytes());
             }
-            b.extend_from_slice(b"\"");
-            b.extend_from_slice(a.name.as_bytes());
-            b.extend_from_slice(b"\";r=");
-            b.extend_from_slice(digits.format(d.remaining).as_bytes());
-            b.extend_from_slice(b";t=");
-            b.extend_from_slice(digits.format(t).as_bytes());
-        }
-        values.finish(RATELIMIT, state);
+        });
     }
-    values.insert_into(headers);
     if style.legacy || style.ietf {
         for a in applied {
             let d = &a.decision;
             let used = d.limit.saturating_sub(d.remaining);
             if d.limit > 0 && used as f64 >= warn_at * d.limit as f64 {
                 let text = format!("\"{}\": {used} of {} used", a.name, d.limit);
-                if let Ok(v) = HeaderValue::from_str(&text) {
-                    headers.append(X_WARNING, v);
-                }
+                lines.line(X_WARNING, |b| b.extend_from_slice(text.as_bytes()));
             }
         }
     }
-}
-
-/// Header values written into one buffer that they all share: one
-/// allocation per response (two with `Bytes`' shared header) rather than
-/// one or two per value. Small numbers need none (see [`number`]).
-struct Values {
-    buf: BytesMut,
-    items: SmallVec<[(HeaderName, Value); 5]>,
-}
-
-enum Value {
-    Ready(HeaderValue),
-    /// `buf[start..end]`.
-    Span(usize, usize),
-}
-
-impl Values {
-    fn with_capacity(n: usize) -> Values {
-        Values {
-            buf: BytesMut::with_capacity(n),
-            items: SmallVec::new(),
+    if lines.0.is_empty() {
+        return;
+    }
+    // The names set here replace the response's own (rarely there: one
+    // walk over its few fields, no hashed lookup).
+    let names = [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT];
+    let ours = &names[if style.legacy { 0 } else { 3 }..if style.ietf { 5 } else { 3 }];
+    let headers = resp.headers_mut();
+    let clash = |n: &HeaderName| {
+        let s = n.as_str();
+        (s.starts_with("x-ratelimit-") || s.starts_with("ratelimit")) && ours.contains(n)
+    };
+    if headers.keys().any(clash) {
+        let gone: SmallVec<[HeaderName; 5]> =
+            headers.keys().filter(|n| clash(n)).cloned().collect();
+        for name in gone {
+            headers.remove(name);
         }
     }
+    resp.body_mut().set_fields(lines.0.freeze());
+}
 
-    fn ready(&mut self, name: HeaderName, value: HeaderValue) {
-        self.items.push((name, Value::Ready(value)));
-    }
+/// Header fields encoded as `name: value\r\n` lines into one buffer.
+struct Lines(BytesMut);
 
-    fn number(&mut self, name: HeaderName, n: u64) {
-        if n < SMALL_NUMBERS {
-            return self.ready(name, number(n));
+impl Lines {
+    /// Adds `name` with the value `write` appends; a value that is not a
+    /// valid field value (a limit name with a control character, say) is
+    /// left out, as `HeaderValue` would refuse it.
+    fn line(&mut self, name: HeaderName, write: impl FnOnce(&mut BytesMut)) {
+        let start = self.0.len();
+        self.0.extend_from_slice(name.as_str().as_bytes());
+        self.0.extend_from_slice(b": ");
+        let value = self.0.len();
+        write(&mut self.0);
+        if !self.0[value..]
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        {
+            self.0.truncate(start);
+            return;
         }
-        let start = self.start();
-        self.buf
-            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        self.finish(name, start);
+        self.0.extend_from_slice(b"\r\n");
     }
+}
 
-    fn text(&mut self, name: HeaderName, text: &[u8]) {
-        let start = self.start();
-        self.buf.extend_from_slice(text);
-        self.finish(name, start);
-    }
-
-    /// Where the value written next into `buf` starts.
-    fn start(&self) -> usize {
-        self.buf.len()
-    }
-
-    /// `name`'s value is what was written into `buf` since `start`.
-    fn finish(&mut self, name: HeaderName, start: usize) {
-        let end = self.buf.len();
-        self.items.push((name, Value::Span(start, end)));
-    }
-
-    /// Sets the fields; a value that is not a valid field value (a limit
-    /// name with a quote in it, say) is left out.
-    fn insert_into(self, headers: &mut HeaderMap) {
-        let shared = self.buf.freeze();
-        for (name, value) in self.items {
-            let value = match value {
-                Value::Ready(v) => v,
-                Value::Span(start, end) => {
-                    match HeaderValue::from_maybe_shared(shared.slice(start..end)) {
-                        Ok(v) => v,
-                        Err(_) => continue,
-                    }
-                }
-            };
-            headers.insert(name, value);
-        }
+/// Moves the fields a response carries as encoded lines (the rate-limit
+/// headers, see [`add_headers`]) into its header map, for hyper's servers
+/// (HTTP/2, and HTTP/1 connections handed over), which write only the map.
+pub fn fields_into_map(resp: &mut Response<ProxyBody>) {
+    let Some(lines) = resp.body_mut().take_fields() else {
+        return;
+    };
+    let headers = resp.headers_mut();
+    let mut rest = &lines[..];
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let line = &rest[..end];
+        rest = &rest[end + 2..];
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let start = line.as_ptr() as usize - lines.as_ptr() as usize;
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_maybe_shared(lines.slice(start + colon + 2..start + line.len())),
+        ) else {
+            continue;
+        };
+        headers.append(name, value);
     }
 }
 
@@ -420,8 +426,15 @@ routes:
             .collect()
     }
 
+    /// The response's fields as hyper's servers get them.
+    fn limited(route: &RouteConfig, applied: &[Applied]) -> Response<ProxyBody> {
+        let mut resp = limit_headers(Response::new(ProxyBody::empty()), Some(route), applied);
+        fields_into_map(&mut resp);
+        resp
+    }
+
     fn policy(route: &RouteConfig, applied: &[Applied]) -> String {
-        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(route), applied);
+        let resp = limited(route, applied);
         resp.headers()[RATELIMIT_POLICY]
             .to_str()
             .unwrap()
@@ -454,7 +467,7 @@ routes:
     fn every_rate_limit_field_reads_its_own_value_from_the_shared_buffer() {
         let route = route();
         let fields = |applied: &[Applied]| {
-            let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), applied);
+            let resp = limited(&route, applied);
             [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT]
                 .map(|name| resp.headers()[name].to_str().unwrap().to_owned())
         };

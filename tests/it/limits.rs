@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use hyper::Request;
 use tokio::time::Instant;
 
 use crate::common::*;
@@ -226,6 +227,58 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
         "a sustained rate hits the medium limit"
     );
     assert_eq!(up.hits(), 5);
+}
+
+/// tollgate's rate-limit fields replace the upstream's own fields of the
+/// same names (one value each, tollgate's), on HTTP/1.1 (written by
+/// tollgate's server) and HTTP/2 (by hyper's); the upstream's warning
+/// stays beside tollgate's.
+#[tokio::test]
+async fn the_route_limits_fields_replace_the_upstreams_own_on_both_protocols() {
+    let (_up, proxy) = start(
+        "routes:
+  - match: { path_prefix: / }
+    upstream: api
+    warn_at: 0.0
+    limits: [{ name: short, algorithm: token_bucket, rate: 100/s, burst: 100, key: ip }]
+",
+    )
+    .await;
+    let mut c2 = h2(proxy.addr()).await;
+    let req = || {
+        Request::get(format!("http://{}/own-rate-limit-fields", proxy.addr()))
+            .body(empty())
+            .unwrap()
+    };
+    let got1 = send_with(proxy.addr(), "GET", "/own-rate-limit-fields", &[], b"").await;
+    c2.ready().await.unwrap();
+    let got2 = collect(c2.send_request(req()).await.unwrap()).await;
+    for (protocol, got) in [("HTTP/1.1", got1), ("HTTP/2", got2)] {
+        assert_eq!(got.status, 200, "{protocol}");
+        assert_eq!(got.body, "limited upstream", "{protocol}");
+        let all = |name: &str| -> Vec<String> {
+            got.headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(all("x-ratelimit-limit"), ["100"], "{protocol}");
+        assert_eq!(all("x-ratelimit-remaining").len(), 1, "{protocol}");
+        let ietf = all("ratelimit");
+        assert_eq!(ietf.len(), 1, "{protocol}: {ietf:?}");
+        assert!(ietf[0].starts_with("\"short\";r="), "{protocol}: {ietf:?}");
+        let warnings = all("x-ratelimit-warning");
+        assert_eq!(warnings.len(), 2, "{protocol}: {warnings:?}");
+        assert!(
+            warnings.contains(&"upstream: 6 of 7 used".to_owned()),
+            "{protocol}"
+        );
+        assert!(
+            warnings.iter().any(|w| w.starts_with("\"short\": ")),
+            "{protocol}"
+        );
+    }
 }
 
 #[tokio::test]

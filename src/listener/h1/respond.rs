@@ -105,6 +105,8 @@ where
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    // The rate-limit fields, encoded already (`ProxyBody::set_fields`).
+    out.extend_from_slice(body.fields());
     keep &= !said_close;
     let framing = match (bodiless, hint, length) {
         (true, Some(Some(n)), None) if !no_length => {

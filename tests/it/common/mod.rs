@@ -352,6 +352,18 @@ async fn upstream_answer(
             r.headers_mut().insert("x-refused", "1".parse().unwrap());
             r
         }
+        "/own-rate-limit-fields" => {
+            // An upstream that rate-limits too, and says so.
+            let mut r = resp(200, full("limited upstream"));
+            for (name, value) in [
+                ("x-ratelimit-limit", "7"),
+                ("ratelimit", "\"upstream\";r=6;t=9"),
+                ("x-ratelimit-warning", "upstream: 6 of 7 used"),
+            ] {
+                r.headers_mut().insert(name, value.parse().unwrap());
+            }
+            r
+        }
         "/ws" => websocket(&mut req),
         _ => echo(req, server).await,
     })
