@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
@@ -280,8 +280,52 @@ pub struct ProxyBody {
     /// Logs the request and releases the connection's in-flight count when
     /// the response is done (or abandoned).
     end: Option<RequestEnd>,
-    /// Head fields that travel with the body, see [`ProxyBody::set_fields`].
-    fields: Option<Bytes>,
+    /// Head fields that travel with the body, see [`HeadLines`].
+    lines: HeadLines,
+}
+
+/// Head fields that travel with a response's body as encoded
+/// `name: value\r\n` lines rather than in its header map: the upstream's
+/// fields (hop-by-hop ones gone), then the rate-limit fields. tollgate's
+/// HTTP/1 server writes them after the map's fields as they are: no field
+/// name is parsed into a `HeaderName`, no map built or hashed for fields
+/// only passed on. For hyper's servers (HTTP/2, HTTP/1 connections handed
+/// over) they are moved into the map first ([`HeadLines::into_map`]).
+#[derive(Default)]
+pub struct HeadLines {
+    pub lines: BytesMut,
+    /// The upstream's fields include a `Date`.
+    pub date: bool,
+    /// ... a field whose name starts like a rate-limit field's, which
+    /// tollgate's own may have to replace.
+    pub rate_limit_names: bool,
+}
+
+impl HeadLines {
+    /// Each line as (name, value), names as written (lower case).
+    pub fn fields(lines: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+        lines.split(|&b| b == b'\n').filter_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let colon = line.iter().position(|&b| b == b':')?;
+            Some((&line[..colon], line[colon + 1..].trim_ascii_start()))
+        })
+    }
+
+    /// Appends every line to `headers` (their values slices of one shared
+    /// buffer); a line `HeaderName` or `HeaderValue` refuses is left out.
+    pub fn into_map(self, headers: &mut http::HeaderMap) {
+        let shared = self.lines.freeze();
+        for (name, value) in Self::fields(&shared) {
+            let start = value.as_ptr() as usize - shared.as_ptr() as usize;
+            let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name),
+                http::HeaderValue::from_maybe_shared(shared.slice(start..start + value.len())),
+            ) else {
+                continue;
+            };
+            headers.append(name, value);
+        }
+    }
 }
 
 enum Kind {
@@ -304,7 +348,7 @@ impl ProxyBody {
                 data: (!data.is_empty()).then_some(data),
             },
             end: None,
-            fields: None,
+            lines: HeadLines::default(),
         }
     }
 
@@ -312,7 +356,7 @@ impl ProxyBody {
         ProxyBody {
             kind: Kind::Full { data: None },
             end: None,
-            fields: None,
+            lines: HeadLines::default(),
         }
     }
 
@@ -331,7 +375,7 @@ impl ProxyBody {
         ProxyBody {
             kind,
             end: None,
-            fields: None,
+            lines: HeadLines::default(),
         }
     }
 
@@ -339,21 +383,17 @@ impl ProxyBody {
         self.end = Some(end);
     }
 
-    /// Head fields for the response, encoded as `name: value\r\n` lines
-    /// (the rate-limit headers): tollgate's HTTP/1 server writes them after
-    /// the header map's fields as they are; for hyper's servers they are
-    /// moved into the map first (`response::fields_into_map`).
-    pub fn set_fields(&mut self, lines: Bytes) {
-        self.fields = Some(lines);
+    /// The head fields that travel with the body ([`HeadLines`]).
+    pub fn lines(&self) -> &HeadLines {
+        &self.lines
     }
 
-    /// The encoded head fields, if any (see [`ProxyBody::set_fields`]).
-    pub fn fields(&self) -> &[u8] {
-        self.fields.as_deref().unwrap_or_default()
+    pub fn lines_mut(&mut self) -> &mut HeadLines {
+        &mut self.lines
     }
 
-    pub fn take_fields(&mut self) -> Option<Bytes> {
-        self.fields.take()
+    pub fn take_lines(&mut self) -> HeadLines {
+        std::mem::take(&mut self.lines)
     }
 }
 

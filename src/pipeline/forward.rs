@@ -27,6 +27,13 @@ fn hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP.contains(&name)
 }
 
+/// The same for a name as it came (any case).
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+}
+
 /// Client-sent forwarding headers: replaced, never trusted.
 fn forwarding(name: &str) -> bool {
     matches!(

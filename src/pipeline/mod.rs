@@ -367,7 +367,7 @@ impl Pipeline {
 
     /// A request whose body (if any) is `body`: for tollgate's HTTP/1
     /// server, which writes the response's encoded fields itself
-    /// (`ProxyBody::set_fields`); hyper's servers go through [`Pipeline::handle`].
+    /// (`body::HeadLines`); hyper's servers go through [`Pipeline::handle`].
     pub async fn handle_parts(
         &self,
         req: Request<()>,

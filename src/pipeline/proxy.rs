@@ -126,18 +126,17 @@ pub async fn forward(
     let mut target = None;
     let sent = upstream.send(req, &added, &mut target).await;
     cx.end.set_target(target);
-    let mut response = match sent? {
-        Answer::Response(response) => response,
+    // The upstream's fields come stripped of hop-by-hop ones already.
+    let (response, lines) = match sent? {
+        Answer::Response(response, lines) => (response, lines),
         Answer::Upgrade(response, conn) => {
             return tunnel(response, conn, client_upgrade, upstream);
         }
     };
-    forward::response_headers(response.headers_mut(), false);
     let (parts, body) = response.into_parts();
-    Ok(Response::from_parts(
-        parts,
-        ProxyBody::upstream(body, upstream.timeout),
-    ))
+    let mut body = ProxyBody::upstream(body, upstream.timeout);
+    *body.lines_mut() = lines;
+    Ok(Response::from_parts(parts, body))
 }
 
 /// The upstream switched protocols: the client's connection and the

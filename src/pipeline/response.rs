@@ -19,7 +19,7 @@ use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WW
 use http::{Method, Response, StatusCode};
 use smallvec::SmallVec;
 
-use super::body::ProxyBody;
+use super::body::{HeadLines, ProxyBody};
 use super::ctx::{Applied, Cause, Rejection};
 use crate::config::{write_policy_item, Respond, RouteConfig};
 use crate::error::ProxyError;
@@ -211,7 +211,7 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
 /// The rate-limit headers for `applied`: the most restrictive limit in the
 /// legacy fields, every limit in the IETF ones, a warning per limit past
 /// the route's `warn_at`. They travel with the body as encoded lines (see
-/// [`ProxyBody::set_fields`]): the HTTP/1 server writes them as they are,
+/// [`HeadLines`]): the HTTP/1 server writes them as they are,
 /// no header map insert on the way; they replace any of the same names
 /// the response has (an upstream's own `X-RateLimit-Limit`), but not its
 /// warnings.
@@ -300,7 +300,8 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
         return;
     }
     // The names set here replace the response's own (rarely there: one
-    // walk over its few fields, no hashed lookup).
+    // walk over its map's few fields, no hashed lookup; the upstream's
+    // fields were looked at as they were read).
     let names = [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT];
     let ours = &names[if style.legacy { 0 } else { 3 }..if style.ietf { 5 } else { 3 }];
     let headers = resp.headers_mut();
@@ -315,7 +316,20 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
             headers.remove(name);
         }
     }
-    resp.body_mut().set_fields(lines.0.freeze());
+    let head = resp.body_mut().lines_mut();
+    if head.rate_limit_names {
+        let mut kept = BytesMut::with_capacity(head.lines.len());
+        for (name, value) in HeadLines::fields(&head.lines) {
+            if !ours.iter().any(|n| n.as_str().as_bytes() == name) {
+                kept.extend_from_slice(name);
+                kept.extend_from_slice(b": ");
+                kept.extend_from_slice(value);
+                kept.extend_from_slice(b"\r\n");
+            }
+        }
+        head.lines = kept;
+    }
+    head.lines.extend_from_slice(&lines.0);
 }
 
 /// Header fields encoded as `name: value\r\n` lines into one buffer.
@@ -342,29 +356,14 @@ impl Lines {
     }
 }
 
-/// Moves the fields a response carries as encoded lines (the rate-limit
-/// headers, see [`add_headers`]) into its header map, for hyper's servers
-/// (HTTP/2, and HTTP/1 connections handed over), which write only the map.
+/// Moves the fields a response carries as encoded lines (the upstream's
+/// and the rate-limit headers, see [`HeadLines`]) into its header map, for
+/// hyper's servers (HTTP/2, and HTTP/1 connections handed over), which
+/// write only the map.
 pub fn fields_into_map(resp: &mut Response<ProxyBody>) {
-    let Some(lines) = resp.body_mut().take_fields() else {
-        return;
-    };
-    let headers = resp.headers_mut();
-    let mut rest = &lines[..];
-    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
-        let line = &rest[..end];
-        rest = &rest[end + 2..];
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let start = line.as_ptr() as usize - lines.as_ptr() as usize;
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&line[..colon]),
-            HeaderValue::from_maybe_shared(lines.slice(start + colon + 2..start + line.len())),
-        ) else {
-            continue;
-        };
-        headers.append(name, value);
+    let lines = resp.body_mut().take_lines();
+    if !lines.lines.is_empty() {
+        lines.into_map(resp.headers_mut());
     }
 }
 

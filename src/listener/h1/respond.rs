@@ -105,8 +105,9 @@ where
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    // The rate-limit fields, encoded already (`ProxyBody::set_fields`).
-    out.extend_from_slice(body.fields());
+    // The upstream's and the rate-limit fields, encoded already.
+    out.extend_from_slice(&body.lines().lines);
+    wrote_date |= body.lines().date;
     keep &= !said_close;
     let framing = match (bodiless, hint, length) {
         (true, Some(Some(n)), None) if !no_length => {

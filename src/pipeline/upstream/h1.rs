@@ -25,15 +25,17 @@ use std::task::{ready, Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, Response, StatusCode, Version};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
+use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
-use crate::pipeline::body::{RequestBody, RequestBodyError};
+use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
+use crate::pipeline::forward;
 
 /// The most header fields an upstream response may have (as hyper).
 const MAX_HEADERS: usize = 100;
@@ -360,8 +362,8 @@ enum Chunk {
 /// What an upstream answered.
 pub enum Answer {
     /// A response whose body is read as the client takes it (or already
-    /// complete).
-    Response(Response<ResponseBody>),
+    /// complete), and the fields to pass on ([`HeadLines`]).
+    Response(Response<ResponseBody>, HeadLines),
     /// `101 Switching Protocols`: the connection now belongs to the tunnel.
     Upgrade(Response<()>, Conn),
 }
@@ -429,6 +431,7 @@ pub async fn exchange(
     .await?;
     let Head {
         response,
+        lines,
         framing,
         mut keep_alive,
     } = head;
@@ -453,34 +456,47 @@ pub async fn exchange(
                 pool.put(conn, sent_at);
             }
             let (parts, ()) = response.into_parts();
-            return Ok(Answer::Response(Response::from_parts(
-                parts,
-                ResponseBody::Done(data),
-            )));
+            return Ok(Answer::Response(
+                Response::from_parts(parts, ResponseBody::Done(data)),
+                lines,
+            ));
         }
     }
     let (parts, ()) = response.into_parts();
-    Ok(Answer::Response(Response::from_parts(
-        parts,
-        ResponseBody::Reading(Box::new(Reading {
-            conn,
-            writer,
-            framing,
-            keep_alive,
-            pool: pool.clone(),
-            sent_at,
-        })),
-    )))
+    Ok(Answer::Response(
+        Response::from_parts(
+            parts,
+            ResponseBody::Reading(Box::new(Reading {
+                conn,
+                writer,
+                framing,
+                keep_alive,
+                pool: pool.clone(),
+                sent_at,
+            })),
+        ),
+        lines,
+    ))
 }
 
 struct Head {
     response: Response<()>,
+    /// The fields passed on, see [`HeadLines`].
+    lines: HeadLines,
     framing: Framing,
     keep_alive: bool,
 }
 
 /// Parses a response head off the front of `read`, skipping interim
 /// (1xx) responses other than 101. `None`: more bytes are needed.
+///
+/// The fields to pass on are copied as lines (names in lower case) into
+/// the response's [`HeadLines`], not parsed into a header map: hop-by-hop
+/// fields and those `Connection` names stay behind, and so does
+/// `Content-Length`, whose framing tollgate writes itself (but for a
+/// HEAD's answer, which says the length of a body it has not got: that
+/// one goes in the map). A `101`'s fields all go in the map, for the
+/// tunnel to pick from.
 fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, String> {
     loop {
         if read.is_empty() {
@@ -509,53 +525,74 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
             read.advance(len);
             continue;
         }
-        // Copied out (one small allocation) rather than split off: a slice
-        // would share the read buffer, and the next read would have to
-        // allocate a new one while the response's headers live. The
-        // values are slices of the copy.
-        let head = Bytes::copy_from_slice(&read[..len]);
-        let base = read.as_ptr() as usize;
-        // Room for the rate-limit headers the response stage adds, so the
-        // map does not grow (rehash) on the way out.
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 8);
-        // What the framing rules read, gathered as the map is built.
-        let mut fields = Fields::default();
+        // What the framing rules read, and the names `Connection` lists.
+        let mut facts = Fields::default();
         for h in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| format!("bad header name {:?}", h.name))?;
-            let start = h.value.as_ptr() as usize - base;
-            let value = HeaderValue::from_maybe_shared(head.slice(start..start + h.value.len()))
-                .map_err(|_| format!("bad value for header {name}"))?;
-            fields.note(&name, &value);
-            headers.append(name, value);
+            facts.note(h.name.as_bytes(), h.value);
         }
-        read.advance(len);
-        let (framing, mut keep_alive) = framing(&fields, status, method)?;
-        if fields.coding.is_some() && fields.length.is_some() {
-            // The transfer coding wins; a length beside it is a lie the
-            // client must not see (RFC 9112 §6.3).
-            headers.remove(CONTENT_LENGTH);
-        }
+        let (framing, mut keep_alive) = framing(&facts, status, method)?;
         keep_alive &= match version {
-            Version::HTTP_10 => fields.keep_alive,
-            _ => !fields.close,
+            Version::HTTP_10 => facts.keep_alive,
+            _ => !facts.close,
         };
+        let switching = status == StatusCode::SWITCHING_PROTOCOLS;
         let mut response = Response::new(());
         *response.status_mut() = status;
-        // The client is answered in its own protocol, whatever the
-        // upstream's version.
-        *response.headers_mut() = headers;
+        // Room for the rate-limit fields the response stage adds.
+        let mut head = HeadLines {
+            lines: BytesMut::with_capacity(len + 256),
+            ..HeadLines::default()
+        };
+        for h in parsed.headers.iter() {
+            let name = h.name.as_bytes();
+            if !switching {
+                if forward::is_hop_by_hop(name)
+                    || facts.named.iter().any(|n| n.eq_ignore_ascii_case(name))
+                {
+                    continue;
+                }
+                if name.eq_ignore_ascii_case(b"content-length") {
+                    // The transfer coding wins; a length beside it is a
+                    // lie the client must not see (RFC 9112 §6.3).
+                    if method == Method::HEAD && facts.coding.is_none() {
+                        if let Ok(v) = HeaderValue::from_bytes(h.value) {
+                            response.headers_mut().append(CONTENT_LENGTH, v);
+                        }
+                    }
+                    continue;
+                }
+            }
+            head.date |= name.eq_ignore_ascii_case(b"date");
+            head.rate_limit_names |= starts_with_ignore_case(name, b"x-ratelimit-")
+                || starts_with_ignore_case(name, b"ratelimit");
+            let start = head.lines.len();
+            head.lines.extend_from_slice(name);
+            head.lines[start..].make_ascii_lowercase();
+            head.lines.extend_from_slice(b": ");
+            head.lines.extend_from_slice(h.value);
+            head.lines.extend_from_slice(b"\r\n");
+        }
+        drop(facts);
+        read.advance(len);
+        if switching {
+            std::mem::take(&mut head).into_map(response.headers_mut());
+        }
         return Ok(Some(Head {
             response,
+            lines: head,
             framing,
             keep_alive,
         }));
     }
 }
 
+fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
 /// What a response head's fields say about its framing and reuse.
 #[derive(Default)]
-struct Fields {
+struct Fields<'a> {
     /// With a `Transfer-Encoding`: whether its last coding is `chunked`.
     coding: Option<bool>,
     /// With a `Content-Length`: the length all its values agree on, or
@@ -564,15 +601,16 @@ struct Fields {
     /// `Connection` tokens.
     close: bool,
     keep_alive: bool,
+    /// The other fields `Connection` names: hop-by-hop, not passed on.
+    named: SmallVec<[&'a [u8]; 2]>,
 }
 
-impl Fields {
-    fn note(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if name == TRANSFER_ENCODING {
+impl<'a> Fields<'a> {
+    fn note(&mut self, name: &[u8], value: &'a [u8]) {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // A value that is not text is no "chunked" either; the last
             // coding named wins.
-            let last = value
-                .to_str()
+            let last = std::str::from_utf8(value)
                 .unwrap_or("?")
                 .split(',')
                 .map(str::trim)
@@ -582,16 +620,21 @@ impl Fields {
             } else if self.coding.is_none() {
                 self.coding = Some(false);
             }
-        } else if name == CONTENT_LENGTH {
+        } else if name.eq_ignore_ascii_case(b"content-length") {
             self.length = Some(match self.length.take() {
                 Some(Err(e)) => Err(e),
                 Some(Ok(n)) => add_length(Some(n), value),
                 None => add_length(None, value),
             });
-        } else if name == CONNECTION {
-            for t in value.to_str().unwrap_or("").split(',').map(str::trim) {
-                self.close |= t.eq_ignore_ascii_case("close");
-                self.keep_alive |= t.eq_ignore_ascii_case("keep-alive");
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    self.keep_alive = true;
+                } else if !t.is_empty() && !forward::is_hop_by_hop(t) {
+                    self.named.push(t);
+                }
             }
         }
     }
@@ -599,8 +642,9 @@ impl Fields {
 
 /// The length of a `Content-Length` value, whose lengths must all agree
 /// with each other and with the one `known` from an earlier value.
-fn add_length(mut known: Option<u64>, value: &HeaderValue) -> Result<u64, String> {
-    for part in value.to_str().map_err(|_| "bad Content-Length")?.split(',') {
+fn add_length(mut known: Option<u64>, value: &[u8]) -> Result<u64, String> {
+    let value = std::str::from_utf8(value).map_err(|_| "bad Content-Length")?;
+    for part in value.split(',') {
         let part = part.trim();
         if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("bad Content-Length {part:?}"));
@@ -940,6 +984,46 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
+
+    fn head_of(raw: &str, method: Method) -> Head {
+        let mut read = BytesMut::from(raw.as_bytes());
+        let head = parse_head(&mut read, &method)
+            .unwrap()
+            .expect("a whole head");
+        assert!(read.is_empty(), "the head is taken off the read buffer");
+        head
+    }
+
+    /// The upstream's fields pass on as lines, in order and in lower case,
+    /// without hop-by-hop fields, the fields `Connection` names, or the
+    /// `Content-Length` tollgate writes itself.
+    #[test]
+    fn an_upstream_head_passes_on_as_lines_without_its_hop_by_hop_fields() {
+        let raw = "HTTP/1.1 200 OK\r\nServer: up\r\nConnection: keep-alive, X-Secret\r\n\
+                   Content-Length: 2\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n\
+                   Set-Cookie: a=1\r\nset-cookie: b=2\r\nDate: Tue, 01 Dec 2026 10:00:00 GMT\r\n\
+                   X-RateLimit-Limit: 7\r\n\r\n";
+        let head = head_of(raw, Method::GET);
+        assert_eq!(
+            std::str::from_utf8(&head.lines.lines).unwrap(),
+            "server: up\r\nset-cookie: a=1\r\nset-cookie: b=2\r\n\
+             date: Tue, 01 Dec 2026 10:00:00 GMT\r\nx-ratelimit-limit: 7\r\n"
+        );
+        assert!(head.lines.date && head.lines.rate_limit_names);
+        assert!(head.response.headers().is_empty());
+        assert!(matches!(head.framing, Framing::Length(2)) && head.keep_alive);
+        // A HEAD's answer keeps the length of the body it has not got.
+        let head = head_of(raw, Method::HEAD);
+        assert_eq!(head.response.headers()[CONTENT_LENGTH], "2");
+        // Nothing is left out of a 101's, in the map for the tunnel.
+        let head = head_of(
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!(head.response.headers()["upgrade"], "websocket");
+        assert_eq!(head.response.headers()["connection"], "Upgrade");
+        assert!(head.lines.lines.is_empty());
+    }
 
     /// A connection that carried a large body goes back to the pool with
     /// its grown read buffer let go (1 MiB downloads on 64 connections
