@@ -152,7 +152,13 @@ where
         };
         let resp = {
             // Boxed: between requests a connection holds no room for it.
-            let mut handled = Box::pin(pipeline.handle_parts(req, Some(body), info));
+            // Built in its box: `Box::pin(future)` builds the whole future
+            // (the size of its largest state, kilobytes) on the stack, then
+            // copies it.
+            let mut handled = Box::into_pin(Box::write(
+                Box::new_uninit(),
+                pipeline.handle_parts(req, Some(body), info),
+            ));
             poll_fn(|cx| loop {
                 if let Poll::Ready(resp) = handled.as_mut().poll(cx) {
                     return Poll::Ready(Some(resp));
