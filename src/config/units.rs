@@ -67,9 +67,9 @@ pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
         0 => "0s".to_owned(),
-        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-        _ if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1_000) => format!("{}s", ms / 1_000),
         _ => format!("{ms}ms"),
     }
 }
@@ -78,9 +78,9 @@ pub fn format_duration(d: Duration) -> String {
 pub fn format_size(bytes: u64) -> String {
     match bytes {
         0 => "0".to_owned(),
-        _ if bytes % (1 << 30) == 0 => format!("{}GB", bytes >> 30),
-        _ if bytes % (1 << 20) == 0 => format!("{}MB", bytes >> 20),
-        _ if bytes % (1 << 10) == 0 => format!("{}KB", bytes >> 10),
+        _ if bytes.is_multiple_of(1 << 30) => format!("{}GB", bytes >> 30),
+        _ if bytes.is_multiple_of(1 << 20) => format!("{}MB", bytes >> 20),
+        _ if bytes.is_multiple_of(1 << 10) => format!("{}KB", bytes >> 10),
         _ => format!("{bytes}B"),
     }
 }

@@ -22,7 +22,7 @@ pub fn rescale(new: &Algorithm, old: &Algorithm, state: &State, now: u64) -> Sta
     // used x num / den, rounded up (against the client)
     let up = |used: u128, num: u64, den: u64| {
         used * num as u128 / den.max(1) as u128
-            + u128::from(used * num as u128 % den.max(1) as u128 != 0)
+            + u128::from(!(used * num as u128).is_multiple_of(den.max(1) as u128))
     };
     match (new, old, state) {
         (
