@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 
 use super::body::{HeadLines, ProxyBody};
 use super::ctx::{Applied, Cause, Rejection};
-use crate::config::{write_policy_item, Respond, RouteConfig};
+use crate::config::{write_policy_item, HeaderStyle, Respond, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::{most_restrictive, secs, LimiterError};
 
@@ -220,15 +220,24 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
     let Some(worst) = most_restrictive(applied.iter().map(|a| &a.decision)) else {
         return;
     };
+    if !style.legacy && !style.ietf {
+        return;
+    }
     let w = &applied[worst];
-    let mut lines = Lines(BytesMut::with_capacity(
+    replace_own(resp, style);
+    let lines = &mut resp.body_mut().lines_mut().lines;
+    lines.reserve(
         if style.legacy { 96 } else { 0 }
             + if style.ietf {
                 96 * applied.len() + 40
             } else {
                 0
             },
-    ));
+    );
+    // Numbers and punctuation are valid field values; a limit name may not
+    // be (a control character in it, say): then each line is checked.
+    let check = !applied.iter().all(|a| a.name.bytes().all(field_byte));
+    let mut lines = Lines { buf: lines, check };
     let mut digits = itoa::Buffer::new();
     if style.legacy {
         lines.line(X_LIMIT, |b| {
@@ -286,22 +295,21 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
             }
         });
     }
-    if style.legacy || style.ietf {
-        for a in applied {
-            let d = &a.decision;
-            let used = d.limit.saturating_sub(d.remaining);
-            if d.limit > 0 && used as f64 >= warn_at * d.limit as f64 {
-                let text = format!("\"{}\": {used} of {} used", a.name, d.limit);
-                lines.line(X_WARNING, |b| b.extend_from_slice(text.as_bytes()));
-            }
+    for a in applied {
+        let d = &a.decision;
+        let used = d.limit.saturating_sub(d.remaining);
+        if d.limit > 0 && used as f64 >= warn_at * d.limit as f64 {
+            let text = format!("\"{}\": {used} of {} used", a.name, d.limit);
+            lines.line(X_WARNING, |b| b.extend_from_slice(text.as_bytes()));
         }
     }
-    if lines.0.is_empty() {
-        return;
-    }
-    // The names set here replace the response's own (rarely there: one
-    // walk over its map's few fields, no hashed lookup; the upstream's
-    // fields were looked at as they were read).
+}
+
+/// Takes out of `resp` the fields `style` makes tollgate set: tollgate's
+/// replace the response's own (an upstream's `X-RateLimit-Limit`, rarely
+/// there), but not its warnings. One walk over the map's few fields, no
+/// hashed lookup; the upstream's fields were looked at as they were read.
+fn replace_own(resp: &mut Response<ProxyBody>, style: HeaderStyle) {
     let names = [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT];
     let ours = &names[if style.legacy { 0 } else { 3 }..if style.ietf { 5 } else { 3 }];
     let headers = resp.headers_mut();
@@ -318,7 +326,7 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
     }
     let head = resp.body_mut().lines_mut();
     if head.rate_limit_names {
-        let mut kept = BytesMut::with_capacity(head.lines.len());
+        let mut kept = BytesMut::with_capacity(head.lines.capacity());
         for (name, value) in HeadLines::fields(&head.lines) {
             if !ours.iter().any(|n| n.as_str().as_bytes() == name) {
                 kept.extend_from_slice(name);
@@ -329,30 +337,36 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
         }
         head.lines = kept;
     }
-    head.lines.extend_from_slice(&lines.0);
 }
 
-/// Header fields encoded as `name: value\r\n` lines into one buffer.
-struct Lines(BytesMut);
+/// A byte a field value may hold (`HeaderValue`'s rule).
+fn field_byte(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
 
-impl Lines {
-    /// Adds `name` with the value `write` appends; a value that is not a
-    /// valid field value (a limit name with a control character, say) is
-    /// left out, as `HeaderValue` would refuse it.
+/// Header fields encoded as `name: value\r\n` lines into a response's
+/// [`HeadLines`].
+struct Lines<'a> {
+    buf: &'a mut BytesMut,
+    /// Whether values must be checked (see [`Lines::line`]).
+    check: bool,
+}
+
+impl Lines<'_> {
+    /// Adds `name` with the value `write` appends. With `check`, a value
+    /// that is not a valid field value is left out, as `HeaderValue`
+    /// would refuse it.
     fn line(&mut self, name: HeaderName, write: impl FnOnce(&mut BytesMut)) {
-        let start = self.0.len();
-        self.0.extend_from_slice(name.as_str().as_bytes());
-        self.0.extend_from_slice(b": ");
-        let value = self.0.len();
-        write(&mut self.0);
-        if !self.0[value..]
-            .iter()
-            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
-        {
-            self.0.truncate(start);
+        let start = self.buf.len();
+        self.buf.extend_from_slice(name.as_str().as_bytes());
+        self.buf.extend_from_slice(b": ");
+        let value = self.buf.len();
+        write(self.buf);
+        if self.check && !self.buf[value..].iter().all(|&b| field_byte(b)) {
+            self.buf.truncate(start);
             return;
         }
-        self.0.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(b"\r\n");
     }
 }
 
@@ -498,6 +512,31 @@ routes:
                 "\"short\";r=987654;t=7200, \"watch\";r=4999999;t=1",
             ]
         );
+    }
+
+    #[test]
+    fn a_limit_name_that_is_no_field_value_leaves_out_only_the_fields_it_is_in() {
+        let route = route();
+        let mut applied = applied(&route, [3, 50]);
+        applied[1].name = "bad\u{1}name".into();
+        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
+        let lines = std::str::from_utf8(&resp.body().lines().lines)
+            .unwrap()
+            .to_owned();
+        let names: Vec<&str> = lines
+            .split_terminator("\r\n")
+            .map(|l| l.split(':').next().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset"
+            ],
+            "{lines:?}"
+        );
+        assert!(lines.starts_with("x-ratelimit-limit: 3\r\n"), "{lines:?}");
     }
 
     fn rejection(limit: &Arc<str>, what: &Arc<str>, retry_after: u64) -> Rejection {
