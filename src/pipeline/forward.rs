@@ -21,13 +21,8 @@ const HOP_BY_HOP: [&str; 7] = [
     "upgrade",
 ];
 
-/// Whether a field is hop-by-hop whatever `Connection` says (names are
-/// lower case in a `HeaderMap`).
-fn hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.contains(&name)
-}
-
-/// The same for a name as it came (any case).
+/// Whether a field (or a `Connection` token) is hop-by-hop whatever
+/// `Connection` says, in any case.
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP
         .iter()
@@ -85,7 +80,7 @@ fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
             for token in tokens {
                 if token.is_empty()
                     || token.eq_ignore_ascii_case("close")
-                    || HOP_BY_HOP.iter().any(|h| token.eq_ignore_ascii_case(h))
+                    || is_hop_by_hop(token.as_bytes())
                 {
                     continue;
                 }
@@ -99,7 +94,7 @@ fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
             continue;
         }
         previous = Some(name);
-        if hop_by_hop(name.as_str()) || also(name.as_str()) {
+        if is_hop_by_hop(name.as_str().as_bytes()) || also(name.as_str()) {
             gone.push(name.clone());
         }
     }
