@@ -302,6 +302,16 @@ pub struct HeadLines {
 }
 
 impl HeadLines {
+    /// Appends the line `name: value` (a `name` in lower case).
+    pub fn push(&mut self, name: &[u8], value: &[u8]) {
+        let start = self.lines.len();
+        self.lines.extend_from_slice(name);
+        self.lines[start..].make_ascii_lowercase();
+        self.lines.extend_from_slice(b": ");
+        self.lines.extend_from_slice(value);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
     /// Each line as (name, value), names as written (lower case).
     pub fn fields(lines: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
         lines.split(|&b| b == b'\n').filter_map(|line| {

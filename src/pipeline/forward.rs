@@ -151,14 +151,12 @@ pub fn request_headers(
     added
 }
 
-/// Rewrites an upstream response's headers for the client. A `101
-/// Switching Protocols` keeps its `Upgrade` and `Connection: upgrade`.
-pub fn response_headers(headers: &mut HeaderMap, switching: bool) {
-    let upgrade = if switching {
-        headers.get(header::UPGRADE).cloned()
-    } else {
-        None
-    };
+/// Rewrites a `101 Switching Protocols`'s headers for the client: its
+/// hop-by-hop fields go, but it keeps its `Upgrade` and `Connection:
+/// upgrade`. (Other answers pass on as lines, stripped as they are read:
+/// `upstream::h1`.)
+pub fn switching_headers(headers: &mut HeaderMap) {
+    let upgrade = headers.get(header::UPGRADE).cloned();
     strip_hop_by_hop(headers);
     if let Some(protocol) = upgrade {
         headers.insert(header::CONNECTION, UPGRADE_TOKEN);
@@ -304,13 +302,11 @@ mod tests {
             ("upgrade", "websocket"),
             ("keep-alive", "x"),
         ]);
-        response_headers(&mut resp, true);
+        switching_headers(&mut resp);
         assert_eq!(resp["upgrade"], "websocket");
         assert_eq!(resp["connection"], "upgrade");
         assert!(!resp.contains_key("keep-alive"));
-
-        let mut refused = map(&[("connection", "upgrade"), ("upgrade", "websocket")]);
-        response_headers(&mut refused, false);
-        assert!(refused.is_empty());
+        // A refused upgrade's answer: `upstream::h1`'s
+        // `an_upstream_head_passes_on_as_lines_without_its_hop_by_hop_fields`.
     }
 }

@@ -176,7 +176,7 @@ fn tunnel(
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
         }
     });
-    forward::response_headers(response.headers_mut(), true);
+    forward::switching_headers(response.headers_mut());
     let (parts, ()) = response.into_parts();
     Ok(Response::from_parts(parts, ProxyBody::empty()))
 }

@@ -310,8 +310,8 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
 /// there), but not its warnings. One walk over the map's few fields, no
 /// hashed lookup; the upstream's fields were looked at as they were read.
 fn replace_own(resp: &mut Response<ProxyBody>, style: HeaderStyle) {
-    let names = [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT];
-    let ours = &names[if style.legacy { 0 } else { 3 }..if style.ietf { 5 } else { 3 }];
+    static NAMES: [HeaderName; 5] = [X_LIMIT, X_REMAINING, X_RESET, RATELIMIT_POLICY, RATELIMIT];
+    let ours = &NAMES[if style.legacy { 0 } else { 3 }..if style.ietf { 5 } else { 3 }];
     let headers = resp.headers_mut();
     let clash = |n: &HeaderName| {
         let s = n.as_str();
@@ -326,16 +326,17 @@ fn replace_own(resp: &mut Response<ProxyBody>, style: HeaderStyle) {
     }
     let head = resp.body_mut().lines_mut();
     if head.rate_limit_names {
-        let mut kept = BytesMut::with_capacity(head.lines.capacity());
+        let mut kept = HeadLines {
+            lines: BytesMut::with_capacity(head.lines.capacity()),
+            date: head.date,
+            rate_limit_names: true,
+        };
         for (name, value) in HeadLines::fields(&head.lines) {
             if !ours.iter().any(|n| n.as_str().as_bytes() == name) {
-                kept.extend_from_slice(name);
-                kept.extend_from_slice(b": ");
-                kept.extend_from_slice(value);
-                kept.extend_from_slice(b"\r\n");
+                kept.push(name, value);
             }
         }
-        head.lines = kept;
+        *head = kept;
     }
 }
 

@@ -565,12 +565,7 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
             head.date |= name.eq_ignore_ascii_case(b"date");
             head.rate_limit_names |= starts_with_ignore_case(name, b"x-ratelimit-")
                 || starts_with_ignore_case(name, b"ratelimit");
-            let start = head.lines.len();
-            head.lines.extend_from_slice(name);
-            head.lines[start..].make_ascii_lowercase();
-            head.lines.extend_from_slice(b": ");
-            head.lines.extend_from_slice(h.value);
-            head.lines.extend_from_slice(b"\r\n");
+            head.push(name, h.value);
         }
         drop(facts);
         read.advance(len);
@@ -1023,6 +1018,12 @@ mod tests {
         assert_eq!(head.response.headers()["upgrade"], "websocket");
         assert_eq!(head.response.headers()["connection"], "Upgrade");
         assert!(head.lines.lines.is_empty());
+        // A refused upgrade's answer says nothing of the upgrade.
+        let head = head_of(
+            "HTTP/1.1 426 Upgrade Required\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+            Method::GET,
+        );
+        assert!(head.lines.lines.is_empty() && head.response.headers().is_empty());
     }
 
     /// A connection that carried a large body goes back to the pool with
