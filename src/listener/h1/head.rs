@@ -5,7 +5,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
@@ -35,7 +35,10 @@ pub(super) struct Head {
     method: Method,
     version: Version,
     path: (usize, usize),
-    headers: SmallVec<[(HeaderName, u32, u32); 20]>,
+    /// Each field's name and value, as `start..end` in the buffer: names
+    /// are parsed into `HeaderName`s by [`Head::request`], so the head
+    /// moves as a few hundred bytes, not a kilobyte.
+    headers: SmallVec<[[u32; 4]; 20]>,
     /// Its body's length (`Content-Length`), read with the head as far as
     /// it came, the rest pumped (`pump`).
     body: u64,
@@ -86,40 +89,44 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed 
     // A `close` wins over a `keep-alive`, in any order.
     let (mut close, mut keep_alive) = (false, false);
     for h in req.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
-            return Parsed::Hyper(Handover::Head);
-        };
-        match name {
-            header::CONTENT_LENGTH => {
-                let digits = h.value.trim_ascii();
-                if length.is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                    return Parsed::Hyper(Handover::Head);
-                }
-                match std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-                {
-                    Some(n) => length = Some(n),
-                    None => return Parsed::Hyper(Handover::Head),
-                }
+        // httparse took only token characters for the name: the ones
+        // `HeaderName` takes. Only these few are looked at here.
+        let name = h.name.as_bytes();
+        let is = |n: &[u8]| name.len() == n.len() && name.eq_ignore_ascii_case(n);
+        if is(b"content-length") {
+            let digits = h.value.trim_ascii();
+            if length.is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return Parsed::Hyper(Handover::Head);
             }
-            header::TRANSFER_ENCODING => return Parsed::Hyper(Handover::Chunked),
-            header::EXPECT => return Parsed::Hyper(Handover::Expect),
-            header::UPGRADE => return Parsed::Hyper(Handover::Upgrade),
-            header::CONNECTION => {
-                for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    if token.eq_ignore_ascii_case(b"upgrade") {
-                        return Parsed::Hyper(Handover::Upgrade);
-                    }
-                    close |= token.eq_ignore_ascii_case(b"close");
-                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-                }
+            match std::str::from_utf8(digits)
+                .ok()
+                .and_then(|d| d.parse().ok())
+            {
+                Some(n) => length = Some(n),
+                None => return Parsed::Hyper(Handover::Head),
             }
-            _ => {}
+        } else if is(b"transfer-encoding") {
+            return Parsed::Hyper(Handover::Chunked);
+        } else if is(b"expect") {
+            return Parsed::Hyper(Handover::Expect);
+        } else if is(b"upgrade") {
+            return Parsed::Hyper(Handover::Upgrade);
+        } else if is(b"connection") {
+            for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"upgrade") {
+                    return Parsed::Hyper(Handover::Upgrade);
+                }
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
         }
-        let v = at(h.value);
-        head.headers
-            .push((name, v as u32, (v + h.value.len()) as u32));
+        let (n, v) = (at(name), at(h.value));
+        head.headers.push([
+            n as u32,
+            (n + name.len()) as u32,
+            v as u32,
+            (v + h.value.len()) as u32,
+        ]);
     }
     // HTTP/1.1 keeps the connection unless told not to; HTTP/1.0 only
     // when asked.
@@ -163,10 +170,10 @@ impl Head {
     /// The request, its names moved in and its values sliced from `head`.
     fn build(self, head: &Bytes) -> Option<Request<()>> {
         let uri = Uri::from_maybe_shared(head.slice(self.path.0..self.path.1)).ok()?;
-        // Room for the forwarding fields the upstream stage adds (four,
-        // and `Host`), so the map is not rebuilt larger on the way.
-        let mut headers = HeaderMap::with_capacity(self.headers.len() + 5);
-        for (name, a, b) in self.headers {
+        // Room for a `Host` made from the target (`host::resolve`).
+        let mut headers = HeaderMap::with_capacity(self.headers.len() + 1);
+        for &[n, m, a, b] in &self.headers {
+            let name = HeaderName::from_bytes(&head[n as usize..m as usize]).ok()?;
             let value = HeaderValue::from_maybe_shared(head.slice(a as usize..b as usize)).ok()?;
             headers.append(name, value);
         }
@@ -174,7 +181,9 @@ impl Head {
         *req.method_mut() = self.method;
         *req.uri_mut() = uri;
         *req.version_mut() = self.version;
-        *req.headers_mut() = headers;
+        // The empty map `Request::new` made holds no memory: forgotten,
+        // not dropped (dropping it walks its empty parts, every request).
+        std::mem::forget(std::mem::replace(req.headers_mut(), headers));
         Some(req)
     }
 }
