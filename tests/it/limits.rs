@@ -281,6 +281,64 @@ async fn the_route_limits_fields_replace_the_upstreams_own_on_both_protocols() {
     }
 }
 
+/// A rejection's fields (written by tollgate as encoded lines, not a
+/// header map) arrive once each on HTTP/1.1 (tollgate's server) and
+/// HTTP/2 (hyper's), beside the route's rate-limit fields; so do an
+/// error's (a 404 for a path no route matches).
+#[tokio::test]
+async fn a_rejection_carries_each_of_its_fields_once_on_both_protocols() {
+    let (up, proxy) = start(
+        "routes:
+  - match: { path_prefix: /api }
+    upstream: api
+    limits: [{ name: once, algorithm: fixed_window, limit: 1, window: 1h, key: ip }]
+",
+    )
+    .await;
+    assert_eq!(get_path(proxy.addr(), "/api/a").await.status, 200);
+    let mut c2 = h2(proxy.addr()).await;
+    let req = |path: &str| {
+        Request::get(format!("http://{}{path}", proxy.addr()))
+            .body(empty())
+            .unwrap()
+    };
+    for path in ["/api/a", "/nowhere"] {
+        let got1 = send_with(proxy.addr(), "GET", path, &[], b"").await;
+        c2.ready().await.unwrap();
+        let got2 = collect(c2.send_request(req(path)).await.unwrap()).await;
+        for (protocol, got) in [("HTTP/1.1", got1), ("HTTP/2", got2)] {
+            let all = |name: &str| -> Vec<String> {
+                got.headers
+                    .get_all(name)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .collect()
+            };
+            assert_eq!(
+                all("content-type"),
+                ["application/problem+json"],
+                "{protocol} {path}"
+            );
+            if path == "/nowhere" {
+                assert_eq!(got.status, 404, "{protocol}");
+                assert!(all("retry-after").is_empty(), "{protocol}");
+                continue;
+            }
+            assert_eq!(got.status, 429, "{protocol}");
+            let retry = all("retry-after");
+            assert_eq!(retry.len(), 1, "{protocol}: {retry:?}");
+            let secs: u64 = retry[0].parse().unwrap();
+            assert!((1..=3600).contains(&secs), "{protocol}: {secs}");
+            assert_eq!(all("x-ratelimit-limit"), ["1"], "{protocol}");
+            assert_eq!(all("x-ratelimit-remaining"), ["0"], "{protocol}");
+            assert_eq!(all("ratelimit").len(), 1, "{protocol}");
+            assert_eq!(got.json()["limit"], "once", "{protocol}");
+            assert_eq!(got.json()["retry_after"], secs, "{protocol}");
+        }
+    }
+    assert_eq!(up.hits(), 1, "no rejected request went upstream");
+}
+
 #[tokio::test]
 async fn counting_only_failures_never_limits_successful_logins() {
     let (up, proxy) = start(
