@@ -18,13 +18,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use smallvec::SmallVec;
 
 use super::ctx::{Applied, Cause, Ctx, Rejection, Stop};
+use super::key::Key;
 use crate::config::{RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
 use crate::limiter::{most_restrictive, secs, verdict, Check, Store, Verdict};
 use crate::metrics::Outcome;
+use ipnet::IpNet;
 
 pub const ZONE_GROUP: u8 = 0;
 pub const USER_ZONE_GROUP: u8 = 1;
@@ -44,33 +47,74 @@ struct Item {
     group: u8,
     dry_run: bool,
     origin: Origin,
-    /// The bucket, e.g. `ip:203.0.113.7`.
-    key: String,
+    /// Where its bucket (`ip:203.0.113.7`) is in `Batch::keys`.
+    key: (u32, u32),
 }
 
-/// Checks waiting for one store call.
+/// Checks waiting for one store call. Their keys are written one after
+/// another into one string: one allocation per batch, not per check, and
+/// a key several limits share (a zone and route limits keyed by `ip`) is
+/// written once.
 #[derive(Debug, Default)]
 pub struct Batch {
-    items: Vec<Item>,
+    items: SmallVec<[Item; 4]>,
+    keys: String,
+    /// The last `ip` key written, and where: the next limit keyed by the
+    /// same address reuses it without writing it again.
+    ip: Option<(IpNet, (u32, u32))>,
 }
 
 impl Batch {
-    pub fn push(&mut self, group: u8, dry_run: bool, origin: Origin, key: String) {
+    /// Adds a check of `key`; returns the key as the store sees it.
+    pub fn push(&mut self, group: u8, dry_run: bool, origin: Origin, key: &Key) -> &str {
+        let range = match (key, self.ip) {
+            (Key::Ip(net), Some((last, range))) if *net == last => range,
+            _ => self.write(key),
+        };
         self.items.push(Item {
             group,
             dry_run,
             origin,
-            key,
+            key: range,
         });
+        self.key(range)
+    }
+
+    /// Writes `key` after the others (unless it is there already): where
+    /// it is.
+    fn write(&mut self, key: &Key) -> (u32, u32) {
+        if self.keys.capacity() == 0 {
+            // Room for a request's few keys, so they are not moved as
+            // they come.
+            self.keys.reserve(64);
+        }
+        let start = self.keys.len();
+        key.render_into(&mut self.keys);
+        let all = self.keys.as_bytes();
+        let same = self
+            .items
+            .iter()
+            .map(|i| i.key)
+            .find(|&(a, b)| all[a as usize..b as usize] == all[start..]);
+        let range = match same {
+            Some(range) => {
+                self.keys.truncate(start);
+                range
+            }
+            None => (start as u32, self.keys.len() as u32),
+        };
+        if let Key::Ip(net) = key {
+            self.ip = Some((*net, range));
+        }
+        range
+    }
+
+    fn key(&self, (a, b): (u32, u32)) -> &str {
+        &self.keys[a as usize..b as usize]
     }
 
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
-    }
-
-    /// Moves `other`'s checks into this batch.
-    pub fn append(&mut self, other: &mut Batch) {
-        self.items.append(&mut other.items);
     }
 }
 
@@ -94,27 +138,25 @@ pub async fn decide(
     }
     // Stable: each tier's enforced checks, then its dry-run ones.
     batch.items.sort_by_key(|i| (i.group, i.dry_run));
-    let checks: Vec<Check<'_>> = batch
-        .items
-        .iter()
-        .filter_map(|item| {
-            let (limit, cost, peek) = match (item.origin, route) {
-                (Origin::Zone(z), _) => (&zones[z].limit, 1, false),
-                (Origin::Route(i), Some(r)) => {
-                    let l = &r.limits[i];
-                    // Limits that count only some statuses are charged later.
-                    (&l.limit, l.cost, l.count_status.is_some())
-                }
-                (Origin::Route(_), None) => return None,
-            };
-            Some(Check {
-                peek,
-                group: item.group,
-                dry_run: item.dry_run,
-                ..Check::new(limit, &item.key, cost)
-            })
-        })
-        .collect();
+    // A request makes a few checks: they live in the request's future.
+    let mut checks: SmallVec<[Check<'_>; 4]> = SmallVec::new();
+    for item in &batch.items {
+        let (limit, cost, peek) = match (item.origin, route) {
+            (Origin::Zone(z), _) => (&zones[z].limit, 1, false),
+            (Origin::Route(i), Some(r)) => {
+                let l = &r.limits[i];
+                // Limits that count only some statuses are charged later.
+                (&l.limit, l.cost, l.count_status.is_some())
+            }
+            (Origin::Route(_), None) => continue,
+        };
+        checks.push(Check {
+            peek,
+            group: item.group,
+            dry_run: item.dry_run,
+            ..Check::new(limit, batch.key(item.key), cost)
+        });
+    }
     let outcome = engine
         .decide(&checks)
         .await
@@ -133,7 +175,7 @@ pub async fn decide(
                     decision: *d,
                 });
                 if limit.count_status.is_some() && d.admitted() {
-                    cx.deferred.push((i, item.key.clone()));
+                    cx.deferred.push((i, batch.key(item.key).to_owned()));
                 }
             }
         }
@@ -148,7 +190,7 @@ pub async fn decide(
             cx.counted.push((item.origin, outcome));
             if matches!(outcome, Outcome::Rejected | Outcome::DryRunRejected) {
                 cx.rejected_keys
-                    .push((item.origin, outcome, item.key.clone()));
+                    .push((item.origin, outcome, batch.key(item.key).to_owned()));
             }
         }
         match verdict(decided) {
@@ -240,5 +282,57 @@ pub async fn charge_outcome(
         .collect();
     if !checks.is_empty() {
         let _ = engine.decide(&checks).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_check_gets_its_own_key_and_a_shared_key_is_written_once() {
+        let ip = |a: &str| Key::Ip(a.parse().unwrap());
+        let user = Key::User("jwt:alice".into());
+        let mut b = Batch::default();
+        let mut push = |origin, key: &Key| b.push(ROUTE_GROUP, false, origin, key).to_owned();
+        assert_eq!(
+            push(Origin::Zone(0), &ip("203.0.113.7/32")),
+            "ip:203.0.113.7"
+        );
+        assert_eq!(push(Origin::Route(0), &user), "user:jwt:alice");
+        assert_eq!(
+            push(Origin::Route(1), &ip("203.0.113.7/32")),
+            "ip:203.0.113.7"
+        );
+        assert_eq!(push(Origin::Route(2), &user), "user:jwt:alice");
+        assert_eq!(
+            push(Origin::Route(3), &ip("203.0.113.8/32")),
+            "ip:203.0.113.8"
+        );
+        assert_eq!(
+            push(Origin::Route(4), &ip("203.0.113.0/24")),
+            "ip:203.0.113.0/24"
+        );
+        assert_eq!(
+            push(Origin::Route(5), &ip("203.0.113.7/32")),
+            "ip:203.0.113.7"
+        );
+        let keys: Vec<&str> = b.items.iter().map(|i| b.key(i.key)).collect();
+        assert_eq!(
+            keys,
+            [
+                "ip:203.0.113.7",
+                "user:jwt:alice",
+                "ip:203.0.113.7",
+                "user:jwt:alice",
+                "ip:203.0.113.8",
+                "ip:203.0.113.0/24",
+                "ip:203.0.113.7",
+            ]
+        );
+        assert_eq!(
+            b.keys, "ip:203.0.113.7user:jwt:aliceip:203.0.113.8ip:203.0.113.0/24",
+            "each distinct key written once"
+        );
     }
 }

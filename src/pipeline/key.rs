@@ -48,24 +48,34 @@ impl fmt::Display for Key {
 }
 
 impl Key {
-    /// The key as the store sees it (the same text as `Display`), written
-    /// without the formatting machinery for the common case, a whole IPv4
-    /// address: this runs for every limit of every request.
-    pub fn render(&self) -> String {
+    /// Appends the key as the store sees it (the same text as `Display`),
+    /// written without the formatting machinery for the common case, a
+    /// whole IPv4 address: this runs for every limit of every request.
+    pub fn render_into(&self, out: &mut String) {
         match self {
             Key::Ip(IpNet::V4(net)) if net.prefix_len() == 32 => {
-                let mut out = String::with_capacity("ip:255.255.255.255".len());
+                out.reserve("ip:255.255.255.255".len());
                 out.push_str("ip:");
                 for (i, octet) in net.addr().octets().into_iter().enumerate() {
                     if i > 0 {
                         out.push('.');
                     }
-                    push_decimal(&mut out, octet);
+                    push_decimal(out, octet);
                 }
-                out
             }
-            _ => self.to_string(),
+            _ => {
+                use std::fmt::Write;
+                // Writing into a String cannot fail.
+                let _ = write!(out, "{self}");
+            }
         }
+    }
+
+    /// The key as the store sees it, on its own.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.render_into(&mut out);
+        out
     }
 }
 

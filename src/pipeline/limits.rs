@@ -41,7 +41,7 @@ pub async fn decide(
             // Limits whose key does not apply to this request are skipped.
             if let Some(k) = key::build(&l.key, &src, cfg) {
                 cx.pending
-                    .push(ROUTE_GROUP, l.dry_run, Origin::Route(i), k.render());
+                    .push(ROUTE_GROUP, l.dry_run, Origin::Route(i), &k);
             }
         }
     }

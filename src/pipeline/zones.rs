@@ -16,7 +16,7 @@ use super::ctx::{Cause, Ctx, Rejection, Stop};
 use super::decide::{self, Origin, USER_ZONE_GROUP, ZONE_GROUP};
 use super::key::{self, KeySource};
 use crate::config::{ClientIpConfig, ZoneConfig};
-use crate::limiter::conn::ConnCounter;
+use crate::limiter::conn::{ConnCounter, ConnSlot};
 use crate::limiter::engine::Engine;
 
 pub struct Zones {
@@ -112,21 +112,20 @@ impl Zones {
             let Some(key) = key::build(&zone.key, &src, cfg) else {
                 continue;
             };
-            let key = key.render();
-            self.hold(z, &key, cx)?;
-            cx.pending.push(group, zone.dry_run, Origin::Zone(z), key);
+            let key = cx.pending.push(group, zone.dry_run, Origin::Zone(z), &key);
+            self.hold(z, key, &mut cx.end.slots)?;
         }
         Ok(())
     }
 
     /// `max_conn`: takes a concurrency slot for `key`, or refuses.
-    fn hold(&self, z: usize, key: &str, cx: &mut Ctx<'_>) -> Result<(), Rejection> {
+    fn hold(&self, z: usize, key: &str, slots: &mut Vec<ConnSlot>) -> Result<(), Rejection> {
         let zone = &self.zones[z];
         let (Some(max), Some(counter)) = (zone.max_conn, &self.conns[z]) else {
             return Ok(());
         };
         match counter.acquire(key, max) {
-            Some(slot) => cx.end.slots.push(slot),
+            Some(slot) => slots.push(slot),
             None if zone.dry_run => {
                 tracing::info!(zone = %zone.limit.name, "dry run: would refuse, too many concurrent requests");
             }
