@@ -28,7 +28,6 @@ use crate::limiter::{most_restrictive, secs, LimiterError};
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const X_WARNING: HeaderName = HeaderName::from_static("x-ratelimit-warning");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
@@ -247,25 +246,24 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
     // Numbers and punctuation are valid field values; a limit name may not
     // be (a control character in it, say): then each line is checked.
     let check = !applied.iter().all(|a| a.name.bytes().all(field_byte));
-    let mut lines = Lines { buf: lines, check };
     let mut digits = itoa::Buffer::new();
     if style.legacy {
-        lines.line(X_LIMIT, |b| {
-            b.extend_from_slice(digits.format(w.decision.limit).as_bytes())
-        });
-        lines.line(X_REMAINING, |b| {
-            b.extend_from_slice(digits.format(w.decision.remaining).as_bytes())
-        });
+        // Numbers only: always valid values, each line written as it is.
         let reset = secs(w.decision.reset_ms.max(1));
         let reset = if style.reset_epoch {
             crate::clock::unix_ms() / 1000 + reset
         } else {
             reset
         };
-        lines.line(X_RESET, |b| {
-            b.extend_from_slice(digits.format(reset).as_bytes())
-        });
+        lines.extend_from_slice(b"x-ratelimit-limit: ");
+        lines.extend_from_slice(digits.format(w.decision.limit).as_bytes());
+        lines.extend_from_slice(b"\r\nx-ratelimit-remaining: ");
+        lines.extend_from_slice(digits.format(w.decision.remaining).as_bytes());
+        lines.extend_from_slice(b"\r\nx-ratelimit-reset: ");
+        lines.extend_from_slice(digits.format(reset).as_bytes());
+        lines.extend_from_slice(b"\r\n");
     }
+    let mut lines = Lines { buf: lines, check };
     if style.ietf {
         // The policy is the route's as configured unless a decision says
         // otherwise (a `local` fallback divides quotas).
@@ -275,17 +273,21 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
                 Arc::ptr_eq(name, &a.name) && a.decision.limit == *q && a.decision.window_ms == *w
             });
         match (&p.value, configured) {
-            (Some(v), true) => lines.line(RATELIMIT_POLICY, |b| b.extend_from_slice(v.as_bytes())),
+            (Some(v), true) => {
+                lines.line(b"ratelimit-policy: ", |b| b.extend_from_slice(v.as_bytes()))
+            }
             _ => {
                 let mut text = String::with_capacity(40 * applied.len());
                 for (i, a) in applied.iter().enumerate() {
                     let d = &a.decision;
                     write_policy_item(&mut text, i == 0, &a.name, d.limit, d.window_ms);
                 }
-                lines.line(RATELIMIT_POLICY, |b| b.extend_from_slice(text.as_bytes()));
+                lines.line(b"ratelimit-policy: ", |b| {
+                    b.extend_from_slice(text.as_bytes())
+                });
             }
         }
-        lines.line(RATELIMIT, |b| {
+        lines.line(b"ratelimit: ", |b| {
             for (i, a) in applied.iter().enumerate() {
                 let d = &a.decision;
                 let t = if d.admitted() {
@@ -293,10 +295,7 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
                 } else {
                     secs(d.retry_after_ms)
                 };
-                if i > 0 {
-                    b.extend_from_slice(b", ");
-                }
-                b.extend_from_slice(b"\"");
+                b.extend_from_slice(if i > 0 { b", \"" } else { b"\"" });
                 b.extend_from_slice(a.name.as_bytes());
                 b.extend_from_slice(b"\";r=");
                 b.extend_from_slice(digits.format(d.remaining).as_bytes());
@@ -310,7 +309,9 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
         let used = d.limit.saturating_sub(d.remaining);
         if d.limit > 0 && used as f64 >= warn_at * d.limit as f64 {
             let text = format!("\"{}\": {used} of {} used", a.name, d.limit);
-            lines.line(X_WARNING, |b| b.extend_from_slice(text.as_bytes()));
+            lines.line(b"x-ratelimit-warning: ", |b| {
+                b.extend_from_slice(text.as_bytes())
+            });
         }
     }
 }
@@ -364,17 +365,16 @@ struct Lines<'a> {
 }
 
 impl Lines<'_> {
-    /// Adds `name` with the value `write` appends. With `check`, a value
-    /// that is not a valid field value is left out, as `HeaderValue`
-    /// would refuse it.
-    fn line(&mut self, name: HeaderName, write: impl FnOnce(&mut BytesMut)) {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(name.as_str().as_bytes());
-        self.buf.extend_from_slice(b": ");
+    /// Adds the line `start` (a field's name and `: `) begins with the
+    /// value `write` appends. With `check`, a value that is not a valid
+    /// field value is left out, as `HeaderValue` would refuse it.
+    fn line(&mut self, start: &'static [u8], write: impl FnOnce(&mut BytesMut)) {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(start);
         let value = self.buf.len();
         write(self.buf);
         if self.check && !self.buf[value..].iter().all(|&b| field_byte(b)) {
-            self.buf.truncate(start);
+            self.buf.truncate(at);
             return;
         }
         self.buf.extend_from_slice(b"\r\n");
