@@ -85,37 +85,51 @@ pub fn is_host(v: &[u8]) -> bool {
             None => (v, &v[v.len()..]),
         },
     };
-    let name_ok = host.first() == Some(&b'[')
-        || (!host.is_empty()
-            && host
-                .iter()
-                .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')));
+    let name_ok =
+        host.first() == Some(&b'[') || (!host.is_empty() && host.iter().all(|&b| NAME[b as usize]));
     let port_ok = match port {
         [] => true,
         [b':', digits @ ..] => {
             (1..=5).contains(&digits.len())
                 && digits.iter().all(u8::is_ascii_digit)
-                && std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| d.parse::<u16>().ok())
-                    .is_some()
+                && digits
+                    .iter()
+                    .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'))
+                    <= u32::from(u16::MAX)
         }
         _ => false,
     };
     name_ok && port_ok
 }
 
+/// The bytes a host name may hold: letters, digits, `-`, `.`, `_`, `~`.
+static NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        b += 1;
+    }
+    table
+};
+
 /// The host without its port (or a trailing dot), for route matching:
 /// `api.example.com:8443` -> `api.example.com`; `[::1]:8080` -> `[::1]`.
 pub fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
+    let b = host.as_bytes();
+    if b.first() == Some(&b'[') {
+        return b
+            .iter()
+            .position(|&c| c == b']')
+            .map_or(host, |i| &host[..=i]);
     }
-    match host.rfind(':') {
-        Some(i) => &host[..i],
-        None => host,
+    // Only ASCII bytes are looked for: every cut is a char boundary.
+    let mut end = b.iter().rposition(|&c| c == b':').unwrap_or(b.len());
+    while end > 0 && b[end - 1] == b'.' {
+        end -= 1;
     }
-    .trim_end_matches('.')
+    &host[..end]
 }
 
 #[cfg(test)]
@@ -132,6 +146,9 @@ mod tests {
             "[::1]",
             "[2001:db8::1]:443",
             "a_b~c-d.test",
+            "a.test:65535",
+            "a.test:0",
+            "a.test:00080",
         ] {
             assert!(is_host(ok.as_bytes()), "{ok}");
         }
@@ -144,6 +161,10 @@ mod tests {
             "user@a.test",
             "a.test:",
             "a.test:99999",
+            "a.test:65536",
+            "a.test:+80",
+            "a.test:8\u{e9}",
+            "a\u{e9}.test",
             "a.test:80:80",
             "[::1",
             "[nope]:80",
@@ -193,5 +214,7 @@ mod tests {
         assert_eq!(strip_port("api.example.com."), "api.example.com");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("localhost"), "localhost");
+        assert_eq!(strip_port("api.example.com.:8443"), "api.example.com");
+        assert_eq!(strip_port("[::1]."), "[::1]");
     }
 }
