@@ -235,10 +235,13 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
     let w = &applied[worst];
     replace_own(resp, style);
     let lines = &mut resp.body_mut().lines_mut().lines;
+    // What the fields usually take (small numbers): room an upstream's
+    // lines were given already (`upstream::h1::parse_head`) is not moved.
+    let names: usize = applied.iter().map(|a| a.name.len()).sum();
     lines.reserve(
-        if style.legacy { 96 } else { 0 }
+        if style.legacy { 80 } else { 0 }
             + if style.ietf {
-                96 * applied.len() + 40
+                40 + 2 * names + 40 * applied.len()
             } else {
                 0
             },
