@@ -504,7 +504,7 @@ impl Pipeline {
                 path: req.uri().path().to_owned(),
             })?,
         };
-        let resp = match &route.action {
+        let mut resp = match &route.action {
             RouteAction::Respond(r) => response::respond(r, req.method()),
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
@@ -516,7 +516,8 @@ impl Pipeline {
             let status = resp.status().as_u16();
             decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
         }
-        Ok(response::limit_headers(resp, cx.route, &cx.applied))
+        response::limit_headers(&mut resp, cx.route, &cx.applied);
+        Ok(resp)
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {

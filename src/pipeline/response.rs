@@ -194,14 +194,13 @@ pub fn rejected(
 
 /// Adds the route's rate-limit headers to a response it allowed.
 pub fn limit_headers(
-    mut resp: Response<ProxyBody>,
+    resp: &mut Response<ProxyBody>,
     route: Option<&RouteConfig>,
     applied: &[Applied],
-) -> Response<ProxyBody> {
+) {
     if let Some(route) = route {
-        add_headers(&mut resp, route, applied);
+        add_headers(resp, route, applied);
     }
-    resp
 }
 
 /// A `respond` route's canned answer.
@@ -437,7 +436,8 @@ routes:
 
     /// The response's fields as hyper's servers get them.
     fn limited(route: &RouteConfig, applied: &[Applied]) -> Response<ProxyBody> {
-        let mut resp = limit_headers(Response::new(ProxyBody::empty()), Some(route), applied);
+        let mut resp = Response::new(ProxyBody::empty());
+        limit_headers(&mut resp, Some(route), applied);
         fields_into_map(&mut resp);
         resp
     }
@@ -515,7 +515,8 @@ routes:
         let route = route();
         let mut applied = applied(&route, [3, 50]);
         applied[1].name = "bad\u{1}name".into();
-        let resp = limit_headers(Response::new(ProxyBody::empty()), Some(&route), &applied);
+        let mut resp = Response::new(ProxyBody::empty());
+        limit_headers(&mut resp, Some(&route), &applied);
         let lines = std::str::from_utf8(&resp.body().lines().lines)
             .unwrap()
             .to_owned();

@@ -165,7 +165,8 @@ impl Upstream {
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.ms_at(sending);
-        let mut last_connect_error = String::from("no target configured");
+        // Written only when a connect fails: nothing allocated per request.
+        let mut last_connect_error = None;
         // Targets already tried for this request (the first 64 are tracked).
         let mut tried: u64 = 0;
         // Pass 0 tries targets that are up; pass 1 those in cool-down, in
@@ -204,7 +205,7 @@ impl Upstream {
                                 );
                                 target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
                                 tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
-                                last_connect_error = format!("{}: {e}", target.authority);
+                                last_connect_error = Some(format!("{}: {e}", target.authority));
                                 break;
                             }
                         },
@@ -261,7 +262,7 @@ impl Upstream {
         }
         Err(ProxyError::UpstreamUnreachable {
             upstream: self.name.to_string(),
-            reason: last_connect_error,
+            reason: last_connect_error.unwrap_or_else(|| "no target configured".to_owned()),
         })
     }
 
