@@ -66,6 +66,35 @@ async fn hanging_upstream_is_a_504_at_the_configured_timeout() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
+/// Each request on a kept upstream connection gets the whole timeout from
+/// when it is sent (the connection's timer is moved, not left at its first
+/// request's deadline), also after the timer went off while the connection
+/// sat idle in the pool; and a request that hangs is still cut at it.
+#[tokio::test]
+async fn every_request_on_a_kept_connection_gets_the_whole_timeout() {
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&route_to(&format!("'{}'", up.addr), ", timeout: 700ms")).await;
+    assert_eq!(get(proxy.addr(), "/").await.status, 200);
+    // Paces the next request past half the timeout: a deadline left at
+    // the first request's would cut it.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(get(proxy.addr(), "/slow?ms=450").await.status, 200);
+    // Idle in the pool past the timeout: its timer goes off unused.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(get(proxy.addr(), "/slow?ms=300").await.status, 200);
+    assert_eq!(up.conns(), 1, "one upstream connection, kept");
+    let started = Instant::now();
+    let got = get(proxy.addr(), "/hang").await;
+    let took = started.elapsed();
+    assert_eq!(got.status, 504);
+    assert!(
+        took >= Duration::from_millis(700),
+        "answered before the timeout: {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(get(proxy.addr(), "/").await.status, 200);
+}
+
 #[tokio::test]
 async fn upstream_dying_mid_body_is_an_error_not_a_complete_response() {
     let up = Upstream::spawn().await;

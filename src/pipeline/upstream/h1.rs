@@ -17,12 +17,12 @@
 //! written whole, nothing extra arrived and neither side said `close`.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
@@ -31,6 +31,7 @@ use http_body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
@@ -130,6 +131,11 @@ pub struct Conn {
     pub read: BytesMut,
     /// The size of the next read (grows with large bodies).
     read_size: usize,
+    /// The timer of its exchanges' deadline (`exchange`), made at its
+    /// first one and kept: moving a registered timer's deadline later is
+    /// one atomic write, where a timer per request is registered with the
+    /// runtime and taken out again.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl Conn {
@@ -138,6 +144,7 @@ impl Conn {
             io,
             read: BytesMut::new(),
             read_size: FIRST_READ,
+            deadline: None,
         }
     }
 
@@ -208,6 +215,8 @@ pub enum SendError {
     },
     /// The upstream's answer is not valid HTTP/1.1.
     Protocol(String),
+    /// No response head within the upstream's timeout.
+    Timeout,
 }
 
 impl std::fmt::Display for SendError {
@@ -223,6 +232,7 @@ impl std::fmt::Display for SendError {
             }
             SendError::Io { error, .. } => write!(f, "connection error: {error}"),
             SendError::Protocol(why) => write!(f, "invalid response: {why}"),
+            SendError::Timeout => f.write_str("no response head in time"),
         }
     }
 }
@@ -378,7 +388,17 @@ pub async fn exchange(
     chunked: bool,
     method: &Method,
     (pool, sent_at): (&Arc<Pool>, Instant),
+    timeout: Duration,
 ) -> Result<Answer, SendError> {
+    // The whole exchange, up to the response head, has `timeout`.
+    let until = tokio::time::Instant::now() + timeout;
+    let mut deadline = match conn.deadline.take() {
+        Some(mut timer) => {
+            timer.as_mut().reset(until);
+            timer
+        }
+        None => Box::pin(tokio::time::sleep_until(until)),
+    };
     let mut writer = Some(Writer {
         head,
         out: VecDeque::new(),
@@ -389,7 +409,7 @@ pub async fn exchange(
     // Set when writing failed after the upstream may have answered (an
     // early 413 and a close): the answer, if any, is still read.
     let mut write_failed: Option<SendError> = None;
-    let head = poll_fn(|cx| loop {
+    let mut step = |cx: &mut Context<'_>| loop {
         if let Some(w) = writer.as_mut() {
             match w.poll(&mut conn.io, cx) {
                 Poll::Ready(Ok(())) => writer = None,
@@ -427,8 +447,15 @@ pub async fn exchange(
             received,
             unsent,
         }));
+    };
+    let head = poll_fn(|cx| match step(cx) {
+        Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+            Poll::Ready(Err(SendError::Timeout))
+        }
+        polled => polled,
     })
     .await?;
+    conn.deadline = Some(deadline);
     let Head {
         response,
         lines,

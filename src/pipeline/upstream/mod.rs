@@ -221,38 +221,39 @@ impl Upstream {
                         chunked,
                         &parts.method,
                         (&target.pool, sending),
+                        self.timeout,
                     );
-                    match tokio::time::timeout(self.timeout, exchange).await {
-                        Err(_) => {
+                    match exchange.await {
+                        Err(SendError::Timeout) => {
                             target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
                             return Err(ProxyError::UpstreamTimeout {
                                 upstream: self.name.to_string(),
                                 seconds: self.timeout.as_secs_f64(),
                             });
                         }
-                        Ok(Ok(answer)) => {
+                        Ok(answer) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
                             self.duration.observe(self.clock.now() - sending);
                             return Ok(answer);
                         }
-                        Ok(Err(SendError::Body(e))) => return Err(body_error(e)),
+                        Err(SendError::Body(e)) => return Err(body_error(e)),
                         // A pooled connection the upstream closed under
                         // us: send again on a fresh one if nothing reached
                         // the upstream, or if the request is idempotent and
                         // bodiless.
-                        Ok(Err(SendError::Io {
+                        Err(SendError::Io {
                             error,
                             wrote,
                             received,
                             unsent,
-                        })) if reused && !received && (!wrote || replayable) => {
+                        }) if reused && !received && (!wrote || replayable) => {
                             tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
                             target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
                             body = unsent;
                             pooled_first = false;
                             continue;
                         }
-                        Ok(Err(e)) => {
+                        Err(e) => {
                             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
                             return Err(self.failed(e));
                         }
