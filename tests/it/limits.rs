@@ -229,6 +229,31 @@ async fn named_limits_short_rejects_a_burst_medium_a_sustained_rate() {
     assert_eq!(up.hits(), 5);
 }
 
+/// `GET path` once over HTTP/1.1 (tollgate's server) and once over
+/// HTTP/2 (hyper's, on `c2`), each answer with its protocol's name.
+async fn on_both_protocols(
+    addr: std::net::SocketAddr,
+    c2: &mut hyper::client::conn::http2::SendRequest<ClientBody>,
+    path: &str,
+) -> [(&'static str, Got); 2] {
+    let h1 = send_with(addr, "GET", path, &[], b"").await;
+    c2.ready().await.unwrap();
+    let req = Request::get(format!("http://{addr}{path}"))
+        .body(empty())
+        .unwrap();
+    let h2 = collect(c2.send_request(req).await.unwrap()).await;
+    [("HTTP/1.1", h1), ("HTTP/2", h2)]
+}
+
+/// Every value of the field `name` in `got`'s head, in order.
+fn all_values(got: &Got, name: &str) -> Vec<String> {
+    got.headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
 /// tollgate's rate-limit fields replace the upstream's own fields of the
 /// same names (one value each, tollgate's), on HTTP/1.1 (written by
 /// tollgate's server) and HTTP/2 (by hyper's); the upstream's warning
@@ -245,24 +270,11 @@ async fn the_route_limits_fields_replace_the_upstreams_own_on_both_protocols() {
     )
     .await;
     let mut c2 = h2(proxy.addr()).await;
-    let req = || {
-        Request::get(format!("http://{}/own-rate-limit-fields", proxy.addr()))
-            .body(empty())
-            .unwrap()
-    };
-    let got1 = send_with(proxy.addr(), "GET", "/own-rate-limit-fields", &[], b"").await;
-    c2.ready().await.unwrap();
-    let got2 = collect(c2.send_request(req()).await.unwrap()).await;
-    for (protocol, got) in [("HTTP/1.1", got1), ("HTTP/2", got2)] {
+    for (protocol, got) in on_both_protocols(proxy.addr(), &mut c2, "/own-rate-limit-fields").await
+    {
         assert_eq!(got.status, 200, "{protocol}");
         assert_eq!(got.body, "limited upstream", "{protocol}");
-        let all = |name: &str| -> Vec<String> {
-            got.headers
-                .get_all(name)
-                .iter()
-                .map(|v| v.to_str().unwrap().to_owned())
-                .collect()
-        };
+        let all = |name: &str| all_values(&got, name);
         assert_eq!(all("x-ratelimit-limit"), ["100"], "{protocol}");
         assert_eq!(all("x-ratelimit-remaining").len(), 1, "{protocol}");
         let ietf = all("ratelimit");
@@ -297,23 +309,9 @@ async fn a_rejection_carries_each_of_its_fields_once_on_both_protocols() {
     .await;
     assert_eq!(get_path(proxy.addr(), "/api/a").await.status, 200);
     let mut c2 = h2(proxy.addr()).await;
-    let req = |path: &str| {
-        Request::get(format!("http://{}{path}", proxy.addr()))
-            .body(empty())
-            .unwrap()
-    };
     for path in ["/api/a", "/nowhere"] {
-        let got1 = send_with(proxy.addr(), "GET", path, &[], b"").await;
-        c2.ready().await.unwrap();
-        let got2 = collect(c2.send_request(req(path)).await.unwrap()).await;
-        for (protocol, got) in [("HTTP/1.1", got1), ("HTTP/2", got2)] {
-            let all = |name: &str| -> Vec<String> {
-                got.headers
-                    .get_all(name)
-                    .iter()
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .collect()
-            };
+        for (protocol, got) in on_both_protocols(proxy.addr(), &mut c2, path).await {
+            let all = |name: &str| all_values(&got, name);
             assert_eq!(
                 all("content-type"),
                 ["application/problem+json"],
