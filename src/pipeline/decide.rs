@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use super::ctx::{Applied, Cause, Ctx, Rejection, Stop};
@@ -27,7 +28,6 @@ use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
 use crate::limiter::{most_restrictive, secs, verdict, Check, Store, Verdict};
 use crate::metrics::Outcome;
-use ipnet::IpNet;
 
 pub const ZONE_GROUP: u8 = 0;
 pub const USER_ZONE_GROUP: u8 = 1;

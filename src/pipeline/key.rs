@@ -70,13 +70,6 @@ impl Key {
             }
         }
     }
-
-    /// The key as the store sees it, on its own.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        self.render_into(&mut out);
-        out
-    }
 }
 
 fn push_decimal(out: &mut String, n: u8) {
@@ -173,6 +166,12 @@ mod tests {
         assert_eq!(key("header:x-missing", "203.0.113.7", &anon, &h), None);
     }
 
+    fn render(k: &Key) -> String {
+        let mut out = "before|".to_owned();
+        k.render_into(&mut out);
+        out.strip_prefix("before|").unwrap().to_owned()
+    }
+
     #[test]
     fn rendered_keys_are_their_display() {
         let keys = [
@@ -190,12 +189,12 @@ mod tests {
             Key::Global,
         ];
         for k in keys.iter().chain(&others) {
-            assert_eq!(k.render(), k.to_string());
+            assert_eq!(render(k), k.to_string());
         }
-        assert_eq!(keys[1].render(), "ip:9.10.99.100");
+        assert_eq!(render(&keys[1]), "ip:9.10.99.100");
         for n in 0..=255u8 {
             let k = Key::Ip(IpNet::from(IpAddr::from([n, n, 0, 255])));
-            assert_eq!(k.render(), format!("ip:{n}.{n}.0.255"));
+            assert_eq!(render(&k), format!("ip:{n}.{n}.0.255"));
         }
     }
 
