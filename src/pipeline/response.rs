@@ -184,7 +184,10 @@ pub fn rejected(
     route: Option<&RouteConfig>,
     applied: &[Applied],
 ) -> Response<ProxyBody> {
-    let more = if r.route_limit { 256 } else { 0 };
+    let more = match (r.route_limit, route) {
+        (true, Some(route)) => lines_room(route.headers, applied),
+        _ => 0,
+    };
     let mut resp = problem_response(r.status, rejection_body(r), Some(r.retry_after), more);
     if let (true, Some(route)) = (r.route_limit, route) {
         add_headers(&mut resp, route, applied);
@@ -234,17 +237,7 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
     let w = &applied[worst];
     replace_own(resp, style);
     let lines = &mut resp.body_mut().lines_mut().lines;
-    // What the fields usually take (small numbers): room an upstream's
-    // lines were given already (`upstream::h1::parse_head`) is not moved.
-    let names: usize = applied.iter().map(|a| a.name.len()).sum();
-    lines.reserve(
-        if style.legacy { 80 } else { 0 }
-            + if style.ietf {
-                40 + 2 * names + 40 * applied.len()
-            } else {
-                0
-            },
-    );
+    lines.reserve(lines_room(style, applied));
     // Numbers and punctuation are valid field values; a limit name may not
     // be (a control character in it, say): then each line is checked.
     let check = !applied.iter().all(|a| a.name.bytes().all(field_byte));
@@ -316,6 +309,20 @@ fn add_headers(resp: &mut Response<ProxyBody>, route: &RouteConfig, applied: &[A
             });
         }
     }
+}
+
+/// What the rate-limit fields for `applied` usually take (small numbers):
+/// within the room an upstream's lines were given (`upstream::h1`'s
+/// `parse_head`), or a rejection's, so the lines are not moved.
+fn lines_room(style: HeaderStyle, applied: &[Applied]) -> usize {
+    let names: usize = applied.iter().map(|a| a.name.len()).sum();
+    let legacy = if style.legacy { 80 } else { 0 };
+    let ietf = if style.ietf {
+        40 + 2 * names + 40 * applied.len()
+    } else {
+        0
+    };
+    legacy + ietf
 }
 
 /// Takes out of `resp` the fields `style` makes tollgate set: tollgate's
