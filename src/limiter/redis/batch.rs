@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
+use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::conn::{Conn, Link};
@@ -25,8 +26,18 @@ const IN_FLIGHT: usize = 2;
 /// One request's part of a script call: its keys, and its checks as one
 /// argument, "alg,p1,p2,p3,cost,peek,group,dry;..." (see decide.lua).
 pub struct Job {
-    pub keys: Vec<String>,
+    /// Every key, one after the other; each ends where `ends` says.
+    pub keys: String,
+    pub ends: SmallVec<[usize; 4]>,
     pub spec: String,
+}
+
+impl Job {
+    /// The Redis key of each check, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(a, &b)| &self.keys[a..b])
+    }
 }
 
 /// A failed call: the message, and whether the connection itself broke.
@@ -140,11 +151,11 @@ async fn invoke(
     jobs: &[Job],
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
-    let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
+    let keys: usize = jobs.iter().map(|j| j.ends.len()).sum();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
     for job in jobs {
-        for key in &job.keys {
+        for key in job.keys() {
             cmd.arg(key);
         }
     }
@@ -152,8 +163,31 @@ async fn invoke(
     for job in jobs {
         cmd.arg(&job.spec);
     }
-    let values: Vec<i64> = evalsha(conn, script, &cmd, timeout).await?;
-    split(&values, jobs).ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+    let reply: Vec<u8> = evalsha(conn, script, &cmd, timeout).await?;
+    numbers(&reply)
+        .and_then(|values| split(&values, jobs))
+        .ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+}
+
+/// The script's answer, integers joined by commas, as numbers.
+fn numbers(reply: &[u8]) -> Option<Vec<i64>> {
+    let mut out = Vec::with_capacity(reply.len() / 2 + 1);
+    let (mut n, mut digits, mut negative) = (0i64, 0, false);
+    for &b in reply.iter().chain(b",") {
+        match b {
+            b'0'..=b'9' if digits < 18 => {
+                n = n * 10 + i64::from(b - b'0');
+                digits += 1;
+            }
+            b'-' if digits == 0 && !negative => negative = true,
+            b',' if digits > 0 => {
+                out.push(if negative { -n } else { n });
+                (n, digits, negative) = (0, 0, false);
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// Sends `cmd`, an `EVALSHA` of `script`; after `NOSCRIPT` (a restart, a
@@ -195,7 +229,7 @@ fn split(values: &[i64], jobs: &[Job]) -> Option<Vec<(u64, Vec<i64>)>> {
     for job in jobs {
         let (&count, tail) = rest.split_first()?;
         let count = usize::try_from(count).ok()?;
-        let checks = job.keys.len();
+        let checks = job.ends.len();
         if count > checks || tail.len() < count * super::STRIDE {
             return None;
         }
@@ -204,4 +238,48 @@ fn split(values: &[i64], jobs: &[Job]) -> Option<Vec<(u64, Vec<i64>)>> {
         rest = tail;
     }
     rest.is_empty().then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_answer_reads_back_every_integer_or_nothing() {
+        assert_eq!(
+            numbers(b"1764604800123,2,0,0,9,1000,0,2,0,0,250,250"),
+            Some(vec![1764604800123, 2, 0, 0, 9, 1000, 0, 2, 0, 0, 250, 250])
+        );
+        // Lua doubles are exact to 2^53: such a count reads back whole.
+        assert_eq!(numbers(b"9007199254740992,-1"), Some(vec![1 << 53, -1]));
+        for bad in [&b""[..], b"1,,2", b"1,2,", b"1.5", b"1e+15", b"-", b"12a"] {
+            assert_eq!(numbers(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn an_answer_splits_into_each_jobs_decisions() {
+        let job = |checks: usize| Job {
+            keys: String::new(),
+            ends: (0..checks).map(|_| 0).collect(),
+            spec: String::new(),
+        };
+        let jobs = [job(2), job(1)];
+        // The first request stopped after its first check; the second
+        // decided its only one.
+        let values = [7, 1, 2, 0, 0, 60, 60, 1, 0, 0, 4, 1000, 0];
+        assert_eq!(
+            split(&values, &jobs),
+            Some(vec![
+                (7, vec![2, 0, 0, 60, 60]),
+                (7, vec![0, 0, 4, 1000, 0])
+            ])
+        );
+        assert_eq!(split(&values[..12], &jobs), None, "a number short");
+        assert_eq!(
+            split(&[7, 3, 0, 0, 0, 0, 0], &jobs[1..]),
+            None,
+            "more decided than asked"
+        );
+    }
 }

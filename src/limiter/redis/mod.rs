@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
+use smallvec::SmallVec;
 
 use super::memory::ZoneSpec;
 use super::{groups, stops, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
@@ -248,10 +249,20 @@ impl RedisStore {
 
     /// The Redis key of one check.
     pub fn key(&self, check: &Check<'_>) -> String {
-        format!(
-            "{}{{{}}}:{}",
-            self.prefix, check.key, self.suffixes[check.limit.zone]
-        )
+        let mut key = String::new();
+        self.write_key(check, &mut key);
+        key
+    }
+
+    /// Appends the Redis key of one check, `<prefix>{<key>}:<suffix>`.
+    fn write_key(&self, check: &Check<'_>, out: &mut String) {
+        let suffix = &self.suffixes[check.limit.zone];
+        out.reserve(self.prefix.len() + check.key.len() + suffix.len() + 3);
+        out.push_str(&self.prefix);
+        out.push('{');
+        out.push_str(check.key);
+        out.push_str("}:");
+        out.push_str(suffix);
     }
 
     /// What the next request (cost 1) on `key` under `limit` would be told,
@@ -504,25 +515,29 @@ impl RedisStore {
         });
     }
 
-    /// The script's part for one request.
+    /// The script's part for one request, written with no formatting
+    /// machinery: this runs for every request.
     fn job(&self, checks: &[Check<'_>]) -> Job {
-        use std::fmt::Write;
-        let mut spec = String::with_capacity(48 * checks.len());
+        let mut job = Job {
+            keys: String::with_capacity(checks.len() * (self.prefix.len() + 40)),
+            ends: SmallVec::new(),
+            spec: String::with_capacity(checks.len() * 40),
+        };
+        let mut digits = itoa::Buffer::new();
         for c in checks {
             let (tag, p1, p2, p3) = params(&c.limit.algorithm);
-            let _ = write!(
-                spec,
-                "{tag},{p1},{p2},{p3},{},{},{},{};",
-                c.cost,
-                u8::from(c.peek),
-                c.group,
-                u8::from(c.dry_run)
-            );
+            for n in [tag, p1, p2, p3] {
+                job.spec.push_str(digits.format(n));
+                job.spec.push(',');
+            }
+            job.spec.push_str(digits.format(c.cost));
+            job.spec.push_str(if c.peek { ",1," } else { ",0," });
+            job.spec.push_str(digits.format(c.group));
+            job.spec.push_str(if c.dry_run { ",1;" } else { ",0;" });
+            self.write_key(c, &mut job.keys);
+            job.ends.push(job.keys.len());
         }
-        Job {
-            keys: checks.iter().map(|c| self.key(c)).collect(),
-            spec,
-        }
+        job
     }
 
     /// Decides one request's checks: through the batcher (one node), or in
