@@ -138,8 +138,33 @@ impl Policy {
     }
 }
 
+/// `a / b` for the algorithms' 128-bit intermediates (wide so that no
+/// product overflows). They fit in 64 bits in practice, and a 64-bit
+/// division is one instruction where a 128-bit one is a call into
+/// compiler-builtins; the quotient is the same.
+#[inline]
+fn div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
+}
+
+/// [`div`] for the signed intermediates (nginx's leaky bucket); `b > 0`.
+#[inline]
+fn div_signed(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) if b > 0 => i128::from(a / b),
+        _ => a / b,
+    }
+}
+
+/// `a / b` rounded up, at most `u64::MAX`.
 fn div_ceil(a: u128, b: u128) -> u64 {
-    a.div_ceil(b).min(u64::MAX as u128) as u64
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => a.div_ceil(b),
+        _ => a.div_ceil(b).min(u64::MAX as u128) as u64,
+    }
 }
 
 impl Algorithm {

@@ -209,24 +209,40 @@ impl MemoryStore {
 
     /// Decides `checks` at `now` (ms); see [`Store::decide`].
     pub fn decide_at(&self, checks: &[Check<'_>], now: u64) -> Outcome {
+        // Per check decided so far, its key's hash: a key several checks
+        // share (a zone and route limits by `ip`) is hashed once.
+        let mut hashes: SmallVec<[u64; 4]> = SmallVec::new();
         super::decide_in_groups(checks, |group, decisions| {
-            self.decide_group(group, now, decisions)
+            for c in group {
+                let seen = checks[..hashes.len()].iter().position(|p| p.key == c.key);
+                hashes.push(match seen {
+                    Some(i) => hashes[i],
+                    None => self.hash(c.key),
+                });
+            }
+            let mine = &hashes[hashes.len() - group.len()..];
+            self.decide_group(group, mine, now, decisions)
         })
     }
 
-    /// One group, all or nothing; appends its decisions.
-    fn decide_group(&self, checks: &[Check<'_>], now: u64, decisions: &mut Vec<Decision>) {
-        if let [check] = checks {
-            decisions.push(self.decide_one(check, now));
+    /// One group, all or nothing, `hashes` its checks' key hashes; appends
+    /// its decisions.
+    fn decide_group(
+        &self,
+        checks: &[Check<'_>],
+        hashes: &[u64],
+        now: u64,
+        decisions: &mut Vec<Decision>,
+    ) {
+        if let ([check], [hash]) = (checks, hashes) {
+            decisions.push(self.decide_one(check, *hash, now));
             return;
         }
         // A request's groups hold a few checks: these live on the stack.
         let targets: SmallVec<[(usize, usize, u64); 4]> = checks
             .iter()
-            .map(|c| {
-                let hash = self.hash(c.key);
-                (c.limit.zone, self.zones[c.limit.zone].shard_of(hash), hash)
-            })
+            .zip(hashes)
+            .map(|(c, &hash)| (c.limit.zone, self.zones[c.limit.zone].shard_of(hash), hash))
             .collect();
         let mut order: SmallVec<[(usize, usize); 4]> =
             targets.iter().map(|&(z, s, _)| (z, s)).collect();
@@ -290,9 +306,8 @@ impl MemoryStore {
         }
     }
 
-    fn decide_one(&self, check: &Check<'_>, now: u64) -> Decision {
+    fn decide_one(&self, check: &Check<'_>, hash: u64, now: u64) -> Decision {
         let zone = &self.zones[check.limit.zone];
-        let hash = self.hash(check.key);
         let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
         let idx = shard.entry(hash);
         let decision = shard.check(&check.limit.algorithm, idx, now, check.cost);

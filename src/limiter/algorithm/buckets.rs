@@ -2,7 +2,7 @@
 //! `amount` per period, up to `burst`) and `gcra` (the same policy kept as
 //! one theoretical arrival time). Both are exact and decide alike.
 
-use super::{div_ceil, Policy, State};
+use super::{div, div_ceil, Policy, State};
 use crate::limiter::{Decision, Verdict};
 
 pub(super) fn token_check(
@@ -22,14 +22,14 @@ pub(super) fn token_check(
         let after = level - need;
         policy.decide(
             Verdict::Allow,
-            (after / p) as u64,
+            div(after, p) as u64,
             div_ceil(capacity - after, a),
             0,
         )
     } else {
         policy.decide(
             Verdict::Reject,
-            (level / p) as u64,
+            div(level, p) as u64,
             div_ceil(capacity - level, a),
             div_ceil(need - level, a),
         )
@@ -68,7 +68,7 @@ pub(super) fn gcra_check(
     let tat = gcra_tat(state, scaled_now);
     let new_tat = tat + cost as u128 * p;
     if new_tat - scaled_now <= tolerance {
-        let remaining = (tolerance - (new_tat - scaled_now)) / p;
+        let remaining = div(tolerance - (new_tat - scaled_now), p);
         policy.decide(
             Verdict::Allow,
             remaining as u64,
@@ -76,7 +76,7 @@ pub(super) fn gcra_check(
             0,
         )
     } else {
-        let remaining = tolerance.saturating_sub(tat - scaled_now) / p;
+        let remaining = div(tolerance.saturating_sub(tat - scaled_now), p);
         let retry = div_ceil(new_tat - scaled_now - tolerance, a);
         policy.decide(
             Verdict::Reject,

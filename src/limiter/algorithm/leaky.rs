@@ -3,7 +3,7 @@
 //! it leaves stays within `burst`, and waits (`Verdict::Delay`) for the part
 //! of that excess beyond `delay`.
 
-use super::{div_ceil, Policy, State};
+use super::{div_ceil, div_signed, Policy, State};
 use crate::limiter::{Decision, Verdict};
 
 pub(super) fn check(
@@ -22,14 +22,14 @@ pub(super) fn check(
             let wait = if excess <= delay as i128 * 1000 || delay == u64::MAX {
                 0
             } else {
-                ((excess - delay as i128 * 1000) * 1000 / rate) as u64
+                div_signed((excess - delay as i128 * 1000) * 1000, rate) as u64
             };
             let verdict = if wait > 0 {
                 Verdict::Delay(wait)
             } else {
                 Verdict::Allow
             };
-            let remaining = ((burst_m - excess) / 1000) as u64;
+            let remaining = div_signed(burst_m - excess, 1000) as u64;
             policy.decide(
                 verdict,
                 remaining,
@@ -77,7 +77,7 @@ fn leaky_excess(
         State::Leaky { excess, last } => {
             let ms = now.saturating_sub(last);
             (
-                (excess as i128 - rate * ms as i128 / 1000 + cost_m).max(0),
+                (excess as i128 - div_signed(rate * ms as i128, 1000) + cost_m).max(0),
                 excess as i128,
                 ms,
             )

@@ -366,3 +366,30 @@ fn bad_numbers_are_refused_with_a_reason() {
     .validate()
     .is_ok());
 }
+
+#[test]
+fn divisions_agree_with_128_bit_ones_on_both_sides_of_64_bits() {
+    let wide = u128::from(u64::MAX);
+    let values = [
+        0,
+        1,
+        999,
+        1000,
+        1001,
+        1 << 53,
+        wide - 1,
+        wide,
+        wide + 1,
+        wide * 3 + 7,
+    ];
+    for &a in &values {
+        for &b in values.iter().filter(|&&b| b > 0) {
+            assert_eq!(div(a, b), a / b, "{a} / {b}");
+            let up = a.div_ceil(b).min(wide) as u64;
+            assert_eq!(div_ceil(a, b), up, "{a} / {b} rounded up");
+            for a in [a as i128, -(a as i128)] {
+                assert_eq!(div_signed(a, b as i128), a / b as i128, "{a} / {b} signed");
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! it still overlaps, Cloudflare's estimate) and `sliding_log` (one entry
 //! per admitted request: exact).
 
-use super::{div_ceil, Log, Policy, State};
+use super::{div, div_ceil, Log, Policy, State};
 use crate::limiter::{Decision, Verdict};
 
 pub(super) fn fixed_check(
@@ -45,10 +45,10 @@ pub(super) fn sliding_check(
     let used = prev as u128 * (w128 - elapsed) + curr as u128 * w128;
     let reset = (w128 - elapsed) as u64;
     if used + c128 * w128 <= l128 * w128 {
-        let remaining = ((l128 * w128 - used - c128 * w128) / w128) as u64;
+        let remaining = div(l128 * w128 - used - c128 * w128, w128) as u64;
         policy.decide(Verdict::Allow, remaining, reset, 0)
     } else {
-        let remaining = (l128 * w128).saturating_sub(used) / w128;
+        let remaining = div((l128 * w128).saturating_sub(used), w128);
         let retry = sliding_retry(prev as u128, curr as u128, elapsed, w128, l128, c128);
         policy.decide(Verdict::Reject, remaining as u64, reset, retry)
     }

@@ -586,3 +586,43 @@ fn a_smaller_zone_on_reload_keeps_the_most_recently_used_keys() {
         assert_eq!(left(&new, &l, k, now), 1, "{k} lost in the resize");
     }
 }
+
+#[test]
+fn checks_sharing_a_key_count_each_in_their_own_limit_and_other_keys_apart() {
+    let fixed = |name: &str, n: u64, zone: usize| {
+        let alg = Algorithm::FixedWindow {
+            limit: n,
+            window_ms: 60_000,
+        };
+        limit(name, alg, zone)
+    };
+    let (zone, user, route) = (
+        fixed("zone", 10, 0),
+        fixed("user", 3, 1),
+        fixed("route", 4, 2),
+    );
+    let s = store(&[&zone, &user, &route], 1 << 20);
+    // A zone and a route limit on one key, a user limit on another, each
+    // in a group of its own and then all in one group.
+    let mut apart = [
+        check(&zone, "ip:a"),
+        check(&user, "user:b"),
+        check(&route, "ip:a"),
+    ];
+    for (g, c) in apart.iter_mut().enumerate() {
+        c.group = g as u8;
+    }
+    let together = [
+        check(&zone, "ip:a"),
+        check(&user, "user:b"),
+        check(&route, "ip:a"),
+    ];
+    assert_eq!(s.decide_at(&apart, 0).verdict(), Verdict::Allow);
+    assert_eq!(s.decide_at(&together, 0).verdict(), Verdict::Allow);
+    assert_eq!(left(&s, &zone, "ip:a", 0), 8);
+    assert_eq!(left(&s, &user, "user:b", 0), 1);
+    assert_eq!(left(&s, &route, "ip:a", 0), 2);
+    // Nothing was charged to the keys under the limits that did not see them.
+    assert_eq!(left(&s, &user, "ip:a", 0), 3);
+    assert_eq!(left(&s, &route, "user:b", 0), 4);
+}
