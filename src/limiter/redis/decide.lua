@@ -13,9 +13,9 @@
 --   peek 1 = decide but never charge, dry 1 = a dry-run group.
 -- Consecutive checks of one group are all or nothing; when an enforced
 -- group rejects, later groups of that request are not decided.
--- Returns one string of integers joined by commas (parsed in one pass by
--- the client, where an array of integer replies costs a parse per number):
--- now, then per request: the number of checks decided, and per decided
+-- Returns one string of 8-byte big-endian integers (struct.pack, read back
+-- in one pass by the client, where an array of integer replies costs a
+-- parse per number): now, then per request: the number of checks decided, and per decided
 -- check: verdict (0 allow, 1 delay, 2 reject), delay ms, remaining, reset
 -- ms, retry-after ms.
 -- Every write carries a TTL: after it the key decides like a new one.
@@ -284,7 +284,8 @@ local function state(key)
   return v
 end
 
-local out = { format('%d', now) }
+local pack = struct.pack
+local out = { pack('>i8', now) }
 local key = 1 -- next KEYS
 -- Requests on one route share their spec: each distinct spec is parsed once.
 local parsed = {}
@@ -327,7 +328,7 @@ for r = 2, #ARGV do
       end
       local verdict, wait, remaining, reset, retry, new, ttl =
         alg[k](st, p1[k], p2[k], p3[k], cost[k])
-      out[#out + 1] = format('%d,%d,%d,%d,%d', verdict, wait, remaining, reset, retry)
+      out[#out + 1] = pack('>i8i8i8i8i8', verdict, wait, remaining, reset, retry)
       if verdict == 2 then ok = false
       elseif peek[k] ~= '1' then
         new.p = { p1[k], p2[k], p3[k] }
@@ -346,10 +347,10 @@ for r = 2, #ARGV do
     if not ok and dry[i] ~= '1' then break end
     i = j + 1
   end
-  out[count_at] = format('%d', decided)
+  out[count_at] = pack('>i8', decided)
   key = key + n
 end
 for name, ttl in pairs(ttls) do
   redis.call('SET', name, encode(cached[name]), 'PX', max(min_ttl, ttl))
 end
-return table.concat(out, ',')
+return table.concat(out)
