@@ -171,9 +171,11 @@ async fn invoke(
 
 /// The script's answer, 8-byte big-endian integers, as numbers.
 fn numbers(reply: &[u8]) -> Option<Vec<i64>> {
-    let (words, rest) = reply.as_chunks::<8>();
-    (rest.is_empty() && !words.is_empty())
-        .then(|| words.iter().map(|w| i64::from_be_bytes(*w)).collect())
+    if reply.is_empty() || !reply.len().is_multiple_of(8) {
+        return None;
+    }
+    let word = |w: &[u8]| i64::from_be_bytes(w.try_into().unwrap_or_default());
+    Some(reply.chunks_exact(8).map(word).collect())
 }
 
 /// Sends `cmd`, an `EVALSHA` of `script`; after `NOSCRIPT` (a restart, a
