@@ -285,12 +285,14 @@ local function state(key)
 end
 
 local pack = struct.pack
-local out = { pack('>i8', now) }
+local out, o = { pack('>i8', now) }, 1 -- the answer's pieces, and how many
 local key = 1 -- next KEYS
 -- Requests on one route share their spec: each distinct spec is parsed once.
 local parsed = {}
 local function parse(spec)
-  local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, cost = {}, peek = {}, grp = {}, dry = {} }
+  -- par: a check's numbers as one table, shared by every state it
+  -- writes (never changed in place)
+  local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, par = {}, cost = {}, peek = {}, grp = {}, dry = {} }
   for a, b, c, d, e, f, g, h in string.gmatch(spec,
       '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
     local n = p.n + 1
@@ -299,16 +301,21 @@ local function parse(spec)
     p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
       algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
     p.peek[n], p.grp[n], p.dry[n] = f, g, h
+    p.par[n] = { p.p1[n], p.p2[n], p.p3[n] }
   end
   parsed[spec] = p
   return p
 end
+-- A group's writes, kept until it is known to be admitted (reused from
+-- group to group: only the first nw entries count).
+local wname, wstate, wttl = {}, {}, {}
 for r = 2, #ARGV do
   local p = parsed[ARGV[r]] or parse(ARGV[r])
   local n, tag, alg, p1, p2, p3, cost = p.n, p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
-  local peek, grp, dry = p.peek, p.grp, p.dry
-  local count_at = #out + 1
-  out[count_at] = 0
+  local par, peek, grp, dry = p.par, p.peek, p.grp, p.dry
+  o = o + 1
+  local count_at = o
+  out[o] = '' -- the count, once known
   local decided = 0
   local i = 1
   while i <= n do
@@ -316,32 +323,32 @@ for r = 2, #ARGV do
     local j = i
     while j < n and grp[j + 1] == grp[i] and dry[j + 1] == dry[i] do j = j + 1 end
     local ok = true
-    local writes = {}
+    local nw = 0
     for k = i, j do
       local name = KEYS[key + k - 1]
       local st = state(name)
       local was = st and st.p
       if was and st[1] == tag[k] and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
-        st = rescale[tag[k]](st, was, { p1[k], p2[k], p3[k] })
-        st.p = { p1[k], p2[k], p3[k] }
+        st = rescale[tag[k]](st, was, par[k])
+        st.p = par[k]
         cached[name] = st
       end
       local verdict, wait, remaining, reset, retry, new, ttl =
         alg[k](st, p1[k], p2[k], p3[k], cost[k])
-      out[#out + 1] = pack('>i8i8i8i8i8', verdict, wait, remaining, reset, retry)
+      o = o + 1
+      out[o] = pack('>i8i8i8i8i8', verdict, wait, remaining, reset, retry)
       if verdict == 2 then ok = false
       elseif peek[k] ~= '1' then
-        new.p = { p1[k], p2[k], p3[k] }
-        writes[#writes + 1] = name
-        writes[#writes + 1] = new
-        writes[#writes + 1] = ttl
+        new.p = par[k]
+        nw = nw + 1
+        wname[nw], wstate[nw], wttl[nw] = name, new, ttl
       end
     end
     decided = decided + j - i + 1
     if ok then
-      for w = 1, #writes, 3 do
-        cached[writes[w]] = writes[w + 1]
-        ttls[writes[w]] = writes[w + 2]
+      for w = 1, nw do
+        cached[wname[w]] = wstate[w]
+        ttls[wname[w]] = wttl[w]
       end
     end
     if not ok and dry[i] ~= '1' then break end
