@@ -9,7 +9,74 @@ use clap::{Parser, Subcommand};
 use tollgate::{Config, ConfigError, Server};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Allocator = Allocator;
+
+/// mimalloc, asked for alignment only when it is more than every block
+/// has (16 bytes, and no more than the size), as Rust's own system
+/// allocator does. `mi_malloc_aligned` for every layout (what the
+/// `mimalloc` crate does) takes an over-allocating slow path for blocks
+/// above 1 KiB, such as a request's future: about 150 instructions more
+/// each, three times a request.
+struct Allocator;
+
+/// The alignment every mimalloc block has, for sizes at least this large.
+const MIN_ALIGN: usize = 16;
+
+fn natural(align: usize, size: usize) -> bool {
+    align <= MIN_ALIGN && align <= size
+}
+
+// SAFETY: each call hands mimalloc a layout the GlobalAlloc contract made
+// valid, and frees only what mimalloc allocated.
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_malloc, mi_malloc_aligned};
+        let (size, align) = (layout.size(), layout.align());
+        // SAFETY: plain allocations; mimalloc returns null when out of memory.
+        unsafe {
+            if natural(align, size) {
+                mi_malloc(size).cast()
+            } else {
+                mi_malloc_aligned(size, align).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_zalloc, mi_zalloc_aligned};
+        let (size, align) = (layout.size(), layout.align());
+        // SAFETY: as in `alloc`.
+        unsafe {
+            if natural(align, size) {
+                mi_zalloc(size).cast()
+            } else {
+                mi_zalloc_aligned(size, align).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from mimalloc.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        use libmimalloc_sys::{mi_realloc, mi_realloc_aligned};
+        let align = layout.align();
+        // SAFETY: `ptr` came from mimalloc with `layout`; `size` is non-zero.
+        unsafe {
+            if natural(align, size) {
+                mi_realloc(ptr.cast(), size).cast()
+            } else {
+                mi_realloc_aligned(ptr.cast(), size, align).cast()
+            }
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -344,5 +411,53 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout};
+
+    use super::Allocator;
+
+    /// Every block is aligned as its layout asks and keeps its bytes when
+    /// it grows or shrinks, on both sides of the 16-byte and 1 KiB lines.
+    #[test]
+    fn blocks_are_aligned_and_keep_their_bytes_across_realloc() {
+        let sizes = [1, 8, 15, 16, 24, 48, 1000, 1024, 1025, 4096, 70_000];
+        for align in [1, 8, 16, 32, 64, 4096] {
+            for &size in &sizes {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: non-zero sizes; every block is used within its
+                // size and freed or reallocated with the layout it has.
+                unsafe {
+                    let zeroed = Allocator.alloc_zeroed(layout);
+                    assert_eq!(zeroed as usize % align, 0, "zeroed {size} @ {align}");
+                    assert!((0..size).all(|i| *zeroed.add(i) == 0));
+                    Allocator.dealloc(zeroed, layout);
+
+                    let mut p = Allocator.alloc(layout);
+                    assert!(!p.is_null());
+                    assert_eq!(p as usize % align, 0, "{size} @ {align}");
+                    for i in 0..size {
+                        *p.add(i) = i as u8;
+                    }
+                    for new in [size * 3, size.div_ceil(2)] {
+                        let q = Allocator.realloc(p, layout, new);
+                        assert_eq!(q as usize % align, 0, "{size} -> {new} @ {align}");
+                        let kept = size.min(new);
+                        assert!((0..kept).all(|i| *q.add(i) == i as u8), "{size} -> {new}");
+                        let grown = Layout::from_size_align(new, align).unwrap();
+                        p = Allocator.realloc(q, grown, size);
+                        assert_eq!(p as usize % align, 0, "{new} -> {size} @ {align}");
+                        assert!((0..kept).all(|i| *p.add(i) == i as u8));
+                        for i in kept..size {
+                            *p.add(i) = i as u8;
+                        }
+                    }
+                    Allocator.dealloc(p, layout);
+                }
+            }
+        }
     }
 }
