@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use http::StatusCode;
+use smallvec::SmallVec;
 
 use super::bypass::Bypass;
 use super::client_ip::Resolved;
@@ -42,8 +43,9 @@ pub struct Ctx<'p> {
     /// How long zone delays held the request.
     pub delayed_ms: u64,
     /// The keys a limit rejected (enforced or dry run), for the top
-    /// offenders; empty unless something was rejected.
-    pub rejected_keys: Vec<(Origin, Outcome, String)>,
+    /// offenders; empty unless something was rejected. One inline: an
+    /// enforced rejection ends the request, and a flood is made of those.
+    pub rejected_keys: SmallVec<[(Origin, Outcome, String); 1]>,
     /// The access record and the held `max_conn` slots, settled when the
     /// response body ends.
     pub end: RequestEnd,
@@ -61,7 +63,7 @@ impl<'p> Ctx<'p> {
             deferred: Vec::new(),
             counted: Counted::default(),
             delayed_ms: 0,
-            rejected_keys: Vec::new(),
+            rejected_keys: SmallVec::new(),
             end,
         }
     }
