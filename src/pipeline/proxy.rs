@@ -74,19 +74,22 @@ pub async fn forward(
     );
     // Without a Host here, `send` writes the host:port of the target it
     // actually uses (`host_header: target`, or a request with no host).
-    match (&upstream.host_header, host) {
+    let has_host = match (&upstream.host_header, host) {
         // The client's own Host stays where it is.
-        (HostHeader::Preserve, Some(_)) if has_host => {}
+        (HostHeader::Preserve, Some(_)) if has_host => true,
         (HostHeader::Preserve, Some(h)) => {
             parts.headers.insert(HOST, h);
+            true
         }
         (HostHeader::Fixed(v), _) => {
             parts.headers.insert(HOST, v.clone());
+            true
         }
         (HostHeader::Target | HostHeader::Preserve, _) => {
             parts.headers.remove(HOST);
+            false
         }
-    }
+    };
     if parts.uri.authority().is_some() {
         // HTTP/2 and absolute-form requests; HTTP/1.1 ones already are
         // origin-form.
@@ -124,7 +127,7 @@ pub async fn forward(
     let req = Request::from_parts(parts, body);
 
     let mut target = None;
-    let sent = upstream.send(req, &added, &mut target).await;
+    let sent = upstream.send(req, has_host, &added, &mut target).await;
     cx.end.set_target(target);
     // The upstream's fields come stripped of hop-by-hop ones already.
     let (response, lines) = match sent? {
