@@ -29,17 +29,35 @@ fn hex(b: u8) -> Option<u8> {
     }
 }
 
+/// Whether `path` is already normal: it starts with `/`, has no escape,
+/// `;`, `#` or control byte, no empty segment but the last (`//`) and no
+/// `.` or `..` segment. One pass over the bytes: every request asks.
+fn is_normal(path: &[u8]) -> bool {
+    if path.first() != Some(&b'/') {
+        return false;
+    }
+    let mut start = 1; // of the segment being read
+    for i in 1..=path.len() {
+        match path.get(i).copied() {
+            Some(b'/') | None => {
+                match &path[start..i] {
+                    b"." | b".." => return false,
+                    b"" if i < path.len() => return false,
+                    _ => {}
+                }
+                start = i + 1;
+            }
+            Some(b) if matches!(b, b'%' | b';' | b'#') || b < 0x20 || b == 0x7f => return false,
+            Some(_) => {}
+        }
+    }
+    true
+}
+
 /// The normalised form of `path`; borrowed when it is already normal.
 pub fn normalize(path: &str) -> Result<Cow<'_, str>, BadPath> {
     let bytes = path.as_bytes();
-    let clean = !path.is_empty()
-        && bytes[0] == b'/'
-        && !bytes
-            .iter()
-            .any(|&b| matches!(b, b'%' | b';' | b'#') || b < 0x20 || b == 0x7f)
-        && !path.contains("//")
-        && !path.split('/').any(|s| s == "." || s == "..");
-    if clean {
+    if is_normal(bytes) {
         return Ok(Cow::Borrowed(path));
     }
     if !path.starts_with('/') {
@@ -155,6 +173,33 @@ mod tests {
         assert_eq!(normalize("/files/a%3fb").unwrap(), "/files/a%3Fb");
         assert_eq!(normalize("/caf%C3%A9").unwrap(), "/caf%C3%A9");
         assert!(matches!(normalize("/already/normal"), Ok(Cow::Borrowed(_))));
+    }
+
+    proptest::proptest! {
+        /// The one-pass check says "normal" exactly when the rules read
+        /// one by one do, on paths made of segments that matter (empty,
+        /// dots, names with dots, escapes, `;`, `#`, control bytes).
+        fn the_one_pass_check_agrees_with_the_rules_cases(
+            path in "a?(/(\\.|\\.\\.|a|\\.a|a\\.\\.|%|;|#|\\x01)?){0,5}"
+        ) {
+            let b = path.as_bytes();
+            let rules = !path.is_empty()
+                && b[0] == b'/'
+                && !b.iter().any(|&c| matches!(c, b'%' | b';' | b'#') || c < 0x20 || c == 0x7f)
+                && !path.contains("//")
+                && !path.split('/').any(|s| s == "." || s == "..");
+            proptest::prop_assert_eq!(is_normal(b), rules, "{:?}", path);
+            crate::testing::case_passed();
+        }
+    }
+
+    #[test]
+    fn the_one_pass_check_agrees_with_the_rules() {
+        crate::testing::count_cases(
+            "the_one_pass_check_agrees_with_the_rules",
+            256,
+            the_one_pass_check_agrees_with_the_rules_cases,
+        );
     }
 
     #[test]
