@@ -17,19 +17,19 @@ use crate::pipeline::body::ClientBody;
 const PARSE_HEADERS: usize = 128;
 
 /// What a parse of the buffer found.
-// Not boxed: it is built once per request and moved once, where a box
-// would be an allocation per request.
-#[allow(clippy::large_enum_variant)]
 pub(super) enum Parsed {
-    /// A request head the fast path serves.
-    Head(Head),
+    /// A request head the fast path serves, written into the `Head` given.
+    Head,
     /// Not a whole head yet.
     Partial,
     /// Anything else: hyper's.
     Hyper(Handover),
 }
 
-/// A parsed request head: where its parts are in the buffer.
+/// A parsed request head: where its parts are in the buffer. A
+/// connection keeps one and parses each head into it: the head (a few
+/// hundred bytes) is never moved.
+#[derive(Default)]
 pub(super) struct Head {
     len: usize,
     method: Method,
@@ -49,7 +49,7 @@ pub(super) struct Head {
 /// answers (431), not the fast path.
 pub type HeadLimits = (usize, usize);
 
-pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed {
+pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits, head: &mut Head) -> Parsed {
     // Not initialised: writing 128 empty slots per request costs more
     // than parsing a usual head.
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; PARSE_HEADERS];
@@ -76,15 +76,11 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed 
     } else {
         Version::HTTP_11
     };
-    let mut head = Head {
-        len,
-        method,
-        version,
-        path: (at(path.as_bytes()), at(path.as_bytes()) + path.len()),
-        headers: SmallVec::new(),
-        body: 0,
-        keep_alive: false,
-    };
+    head.len = len;
+    head.method = method;
+    head.version = version;
+    head.path = (at(path.as_bytes()), at(path.as_bytes()) + path.len());
+    head.headers.clear();
     let mut length = None;
     // A `close` wins over a `keep-alive`, in any order.
     let (mut close, mut keep_alive) = (false, false);
@@ -132,7 +128,7 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits) -> Parsed 
     // when asked.
     head.keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
     head.body = length.unwrap_or(0);
-    Parsed::Head(head)
+    Parsed::Head
 }
 
 impl Head {
@@ -140,7 +136,7 @@ impl Head {
     /// its body, and the pump for the rest of it; or `None` (and `buf` as it
     /// was) if hyper must answer it.
     pub(super) fn request(
-        self,
+        &mut self,
         buf: &mut BytesMut,
     ) -> Option<(Request<()>, ClientBody, Option<Pump>)> {
         let head = buf.split_to(self.len).freeze();
@@ -168,7 +164,7 @@ impl Head {
     }
 
     /// The request, its names moved in and its values sliced from `head`.
-    fn build(self, head: &Bytes) -> Option<Request<()>> {
+    fn build(&mut self, head: &Bytes) -> Option<Request<()>> {
         let uri = Uri::from_maybe_shared(head.slice(self.path.0..self.path.1)).ok()?;
         // Room for a `Host` made from the target (`host::resolve`).
         let mut headers = HeaderMap::with_capacity(self.headers.len() + 1);
@@ -178,7 +174,7 @@ impl Head {
             headers.append(name, value);
         }
         let mut req = Request::new(());
-        *req.method_mut() = self.method;
+        *req.method_mut() = std::mem::take(&mut self.method);
         *req.uri_mut() = uri;
         *req.version_mut() = self.version;
         // The empty map `Request::new` made holds no memory: forgotten,
@@ -192,7 +188,8 @@ impl Head {
 /// body it would serve and what stays buffered for the next; `None` when
 /// the head is not whole yet or hyper would be given it.
 pub fn read_request(buf: &[u8]) -> Option<(Request<()>, ClientBody, Bytes)> {
-    let Parsed::Head(head) = parse(buf, (64 << 10, 100)) else {
+    let mut head = Head::default();
+    let Parsed::Head = parse(buf, (64 << 10, 100), &mut head) else {
         return None;
     };
     let mut buf = BytesMut::from(buf);
@@ -208,12 +205,13 @@ mod tests {
     const LIMITS: HeadLimits = (64 << 10, 100);
 
     fn parsed(raw: &str) -> Parsed {
-        parse(raw.as_bytes(), LIMITS)
+        parse(raw.as_bytes(), LIMITS, &mut Head::default())
     }
 
     fn head(raw: &str) -> Head {
-        match parsed(raw) {
-            Parsed::Head(h) => h,
+        let mut h = Head::default();
+        match parse(raw.as_bytes(), LIMITS, &mut h) {
+            Parsed::Head => h,
             Parsed::Partial => panic!("partial: {raw:?}"),
             Parsed::Hyper(why) => panic!("handed to hyper ({why:?}): {raw:?}"),
         }
@@ -273,12 +271,12 @@ mod tests {
         let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
         assert!(matches!(
-            parse(raw.as_bytes(), LIMITS),
+            parse(raw.as_bytes(), LIMITS, &mut Head::default()),
             Parsed::Hyper(Handover::Head)
         ));
         let raw = format!("GET / HTTP/1.1\r\nX-A: {}\r\n\r\n", "a".repeat(1000));
         assert!(matches!(
-            parse(raw.as_bytes(), (512, 100)),
+            parse(raw.as_bytes(), (512, 100), &mut Head::default()),
             Parsed::Hyper(Handover::Head)
         ));
         // Not complete and not yet too long: wait for more.
@@ -288,7 +286,7 @@ mod tests {
         ));
         let partial = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1000));
         assert!(matches!(
-            parse(partial.as_bytes(), (512, 100)),
+            parse(partial.as_bytes(), (512, 100), &mut Head::default()),
             Parsed::Hyper(Handover::Head)
         ));
     }
@@ -297,17 +295,13 @@ mod tests {
     fn a_head_hyper_must_answer_is_put_back_whole() {
         // httparse takes this target; `Uri` refuses it, so hyper answers.
         let bad = "GET /<q> HTTP/1.1\r\nHost: a\r\n\r\nNEXT";
-        let Parsed::Head(h) = parsed(bad) else {
-            panic!("httparse takes {bad:?}")
-        };
+        let mut h = head(bad);
         let mut buf = BytesMut::from(bad.as_bytes());
         assert!(h.request(&mut buf).is_none());
         assert_eq!(&buf[..], bad.as_bytes(), "every byte back, in order");
         let mut buf = BytesMut::from("GET /x?y=1 HTTP/1.1\r\nHost: a\r\n\r\nGET /next".as_bytes());
-        let h = match parse(&buf, LIMITS) {
-            Parsed::Head(h) => h,
-            _ => panic!("a simple head"),
-        };
+        // The same `Head` parses the next request: nothing of the last stays.
+        assert!(matches!(parse(&buf, LIMITS, &mut h), Parsed::Head));
         let (req, body, pump) = h.request(&mut buf).unwrap();
         assert!(pump.is_none(), "no body, nothing to pump");
         assert_eq!(req.uri(), "/x?y=1");

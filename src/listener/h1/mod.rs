@@ -38,7 +38,7 @@ use http::{Method, Version};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use self::head::{parse, Parsed};
+use self::head::{parse, Head, Parsed};
 pub use self::head::{read_request, HeadLimits};
 use self::respond::{respond, Facts};
 use super::conn::{self, ConnState};
@@ -95,11 +95,13 @@ where
     // fill it (nginx's large_client_header_buffers, hyper's adaptive read).
     let mut read_size = FIRST_READ;
     let mut out = Vec::new();
+    // Each request's head is parsed into this one.
+    let mut head = Head::default();
     loop {
-        let head = loop {
+        loop {
             if !buf.is_empty() {
-                match parse(&buf, ctx.head_limits) {
-                    Parsed::Head(head) => break head,
+                match parse(&buf, ctx.head_limits, &mut head) {
+                    Parsed::Head => break,
                     Parsed::Partial => {}
                     Parsed::Hyper(why) => {
                         state.handed_over(why);
@@ -129,7 +131,7 @@ where
                     return None;
                 }
             }
-        };
+        }
         let keep_alive = head.keep_alive;
         let Some((req, body, pump)) = head.request(&mut buf) else {
             state.handed_over(Handover::Head);
