@@ -26,35 +26,42 @@ fn natural(align: usize, size: usize) -> bool {
     align <= MIN_ALIGN && align <= size
 }
 
+type Plain = unsafe extern "C" fn(usize) -> *mut std::ffi::c_void;
+type Aligned = unsafe extern "C" fn(usize, usize) -> *mut std::ffi::c_void;
+
+/// A block for `layout` from `plain`, or from `aligned` when the layout
+/// needs more alignment than every block has.
+///
+/// # Safety
+/// `layout` has a non-zero size (the GlobalAlloc contract).
+#[inline]
+unsafe fn allocate(layout: std::alloc::Layout, plain: Plain, aligned: Aligned) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    // SAFETY: mimalloc's allocation calls, for a valid layout.
+    unsafe {
+        if natural(align, size) {
+            plain(size).cast()
+        } else {
+            aligned(size, align).cast()
+        }
+    }
+}
+
 // SAFETY: each call hands mimalloc a layout the GlobalAlloc contract made
 // valid, and frees only what mimalloc allocated.
 unsafe impl std::alloc::GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         use libmimalloc_sys::{mi_malloc, mi_malloc_aligned};
-        let (size, align) = (layout.size(), layout.align());
-        // SAFETY: plain allocations; mimalloc returns null when out of memory.
-        unsafe {
-            if natural(align, size) {
-                mi_malloc(size).cast()
-            } else {
-                mi_malloc_aligned(size, align).cast()
-            }
-        }
+        // SAFETY: a plain allocation; null when out of memory.
+        unsafe { allocate(layout, mi_malloc, mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         use libmimalloc_sys::{mi_zalloc, mi_zalloc_aligned};
-        let (size, align) = (layout.size(), layout.align());
         // SAFETY: as in `alloc`.
-        unsafe {
-            if natural(align, size) {
-                mi_zalloc(size).cast()
-            } else {
-                mi_zalloc_aligned(size, align).cast()
-            }
-        }
+        unsafe { allocate(layout, mi_zalloc, mi_zalloc_aligned) }
     }
 
     #[inline]
