@@ -51,7 +51,7 @@ pub async fn forward(
     let body = body.take();
     let (mut parts, ()) = req.into_parts();
     let client_host = parts.headers.get(HOST).cloned();
-    let has_host = client_host.is_some();
+    let client_sent_host = client_host.is_some();
     let host = client_host.or_else(|| {
         parts
             .uri
@@ -74,9 +74,10 @@ pub async fn forward(
     );
     // Without a Host here, `send` writes the host:port of the target it
     // actually uses (`host_header: target`, or a request with no host).
-    let has_host = match (&upstream.host_header, host) {
+    // Whether the request now carries the Host the upstream gets.
+    let host_set = match (&upstream.host_header, host) {
         // The client's own Host stays where it is.
-        (HostHeader::Preserve, Some(_)) if has_host => true,
+        (HostHeader::Preserve, Some(_)) if client_sent_host => true,
         (HostHeader::Preserve, Some(h)) => {
             parts.headers.insert(HOST, h);
             true
@@ -127,7 +128,7 @@ pub async fn forward(
     let req = Request::from_parts(parts, body);
 
     let mut target = None;
-    let sent = upstream.send(req, has_host, &added, &mut target).await;
+    let sent = upstream.send(req, host_set, &added, &mut target).await;
     cx.end.set_target(target);
     // The upstream's fields come stripped of hop-by-hop ones already.
     let (response, lines) = match sent? {

@@ -144,13 +144,13 @@ impl Upstream {
 
     /// Sends `req` and waits for the response head. `chosen` records the
     /// target used, for the access log, even when sending fails. A request
-    /// without `Host` (`has_host` false: the caller knows, no lookup) gets
+    /// without `Host` (`host_set` false: the caller knows, no lookup) gets
     /// the `host:port` of the target it is sent to, on every attempt
     /// (`host_header: target`).
     pub async fn send(
         &self,
         req: Request<RequestBody>,
-        has_host: bool,
+        host_set: bool,
         added: &[(HeaderName, HeaderValue)],
         chosen: &mut Option<Arc<str>>,
     ) -> Result<Answer, ProxyError> {
@@ -160,7 +160,6 @@ impl Upstream {
         let length = http_body::Body::size_hint(&body).exact();
         let chunked = !bodiless && length.is_none() && !parts.headers.contains_key(CONTENT_LENGTH);
         let mut body = (!bodiless).then_some(body);
-        let target_host = !has_host;
         // The one clock read of the attempt: cool-downs, the pool's idle
         // ages and the duration all measure from it.
         let sending = self.clock.now();
@@ -212,7 +211,7 @@ impl Upstream {
                             }
                         },
                     };
-                    if target_host {
+                    if !host_set {
                         parts.headers.insert(HOST, target.host_value.clone());
                     }
                     let head = h1::encode_head(&parts, added, length, chunked);
