@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tollgate::pipeline::forward::{request_headers, Forwarded};
+use tollgate::pipeline::forward::{request_headers, Added, Forwarded};
 use tollgate::pipeline::route;
 use tollgate::Config;
 
@@ -83,7 +83,8 @@ fn bench_headers(c: &mut Criterion) {
         b.iter_batched(
             || base.clone(),
             |mut h| {
-                let added = request_headers(
+                let mut added = Added::new();
+                request_headers(
                     &mut h,
                     None,
                     Forwarded {
@@ -93,6 +94,7 @@ fn bench_headers(c: &mut Criterion) {
                         proto: "https",
                         host: Some(HeaderValue::from_static("api.example.com")),
                     },
+                    &mut added,
                 );
                 (h, added)
             },

@@ -125,7 +125,7 @@ impl Batch {
 pub async fn decide(
     engine: &Engine,
     zones: &[ZoneConfig],
-    mut batch: Batch,
+    batch: &mut Batch,
     cx: &mut Ctx<'_>,
 ) -> Result<(), Stop> {
     let route = cx.route;

@@ -114,14 +114,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// insert, no hashing, for fields only the upstream reads.
 pub type Added = SmallVec<[(HeaderName, HeaderValue); 6]>;
 
-/// Rewrites a request's headers for the upstream and returns the fields
-/// tollgate adds. `upgrade` is the protocol to carry through (`websocket`),
-/// re-added after stripping.
+/// Rewrites a request's headers for the upstream and puts the fields
+/// tollgate adds in `added` (the caller's, in its async frame: returned,
+/// the list would be copied there whole, its unused room too).
+/// `upgrade` is the protocol to carry through (`websocket`), re-added
+/// after stripping.
 pub fn request_headers(
     headers: &mut HeaderMap,
     upgrade: Option<HeaderValue>,
     fwd: Forwarded<'_>,
-) -> Added {
+    added: &mut Added,
+) {
     // tollgate answers `Expect: 100-continue` itself when it reads the
     // body; an untrusted peer's forwarding fields go, and so does any
     // `X-Forwarded-For` / `X-Real-IP`, which tollgate writes itself.
@@ -132,7 +135,6 @@ pub fn request_headers(
             || name == "x-real-ip"
             || (!trusted && forwarding(name))
     });
-    let mut added = Added::new();
     added.push((X_FORWARDED_FOR, fwd.chain));
     added.push((X_REAL_IP, fwd.client.clone()));
     // From an untrusted peer they are gone already.
@@ -148,7 +150,6 @@ pub fn request_headers(
         added.push((header::CONNECTION, UPGRADE_TOKEN));
         added.push((header::UPGRADE, protocol));
     }
-    added
 }
 
 /// Rewrites a `101 Switching Protocols`'s headers for the client: its
@@ -197,7 +198,8 @@ mod tests {
     /// none of whose names the client's still hold.
     fn forward(h: &mut HeaderMap, trusted: bool, proto: &'static str) {
         let client = HeaderValue::from_static("203.0.113.9");
-        let added = request_headers(
+        let mut added = Added::new();
+        request_headers(
             h,
             None,
             Forwarded {
@@ -207,6 +209,7 @@ mod tests {
                 proto,
                 host: Some(HeaderValue::from_static("api.example.com")),
             },
+            &mut added,
         );
         for (name, value) in added {
             assert!(!h.contains_key(&name), "{name} would go upstream twice");

@@ -45,6 +45,8 @@ pub async fn decide(
             }
         }
     }
-    let batch = std::mem::take(&mut cx.pending);
-    decide::decide(engine, zones.configs(), batch, cx).await
+    // Taken out of the context, which `decide` changes; borrowed from
+    // here, not moved into its future.
+    let mut batch = std::mem::take(&mut cx.pending);
+    decide::decide(engine, zones.configs(), &mut batch, cx).await
 }

@@ -408,11 +408,9 @@ impl Pipeline {
             .is_some_and(|b| !http_body::Body::is_end_stream(b))
             && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
-        let (parts, ()) = req.into_parts();
-        let mut body = body;
-        let served = self
-            .serve(Request::from_parts(parts, ()), &mut body, conn, &mut cx)
-            .await;
+        // The request is borrowed by the stages (see `Upstream::send`).
+        let (mut req, mut body) = (req, body);
+        let served = self.serve(&mut req, &mut body, conn, &mut cx).await;
         let failed = matches!(served, Err(Stop::Failed(_)));
         let mut resp = match served {
             Ok(resp) => resp,
@@ -461,14 +459,14 @@ impl Pipeline {
     /// The inner handler: the stages in request order.
     async fn serve<'p>(
         &'p self,
-        mut req: Request<()>,
+        req: &mut Request<()>,
         body: &mut Option<ClientBody>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
     ) -> Result<Response<ProxyBody>, Stop> {
         self.check_headers(req.headers())?;
-        normalize_path(&mut req)?;
-        host::resolve(&mut req)?;
+        normalize_path(req)?;
+        host::resolve(req)?;
         let host = host::for_routing(req.headers());
         let found = route::find(&self.routes, host, req.uri().path(), req.method());
         if let RouteMatch::Found(r) = found {

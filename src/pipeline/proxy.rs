@@ -25,10 +25,12 @@ use crate::error::ProxyError;
 
 /// Forwards `req` to `upstream` and returns the response to relay.
 /// `body` is taken once the request is accepted for forwarding; a request
-/// refused before (a 413 by its length) leaves it to be discarded.
+/// refused before (a 413 by its length) leaves it to be discarded. `req`
+/// is rewritten in place for the upstream (borrowed, as in
+/// `Upstream::send`).
 pub async fn forward(
     cx: &mut Ctx<'_>,
-    mut req: Request<()>,
+    req: &mut Request<()>,
     body: &mut Option<ClientBody>,
     conn: &ConnInfo,
     upstream: &Upstream,
@@ -46,23 +48,22 @@ pub async fn forward(
         Version::HTTP_11 => forward::requested_upgrade(req.headers()),
         _ => None,
     };
-    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
 
     let body = body.take();
-    let (mut parts, ()) = req.into_parts();
-    let client_host = parts.headers.get(HOST).cloned();
+    let client_host = req.headers().get(HOST).cloned();
     let client_sent_host = client_host.is_some();
     let host = client_host.or_else(|| {
-        parts
-            .uri
+        req.uri()
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
     let proto = if conn.tls { "https" } else { "http" };
     let client = &cx.client;
-    let chain = client_ip::forwarded_for(&parts.headers, &conn.client, client.peer_trusted);
-    let added = forward::request_headers(
-        &mut parts.headers,
+    let chain = client_ip::forwarded_for(req.headers(), &conn.client, client.peer_trusted);
+    let mut added = forward::Added::new();
+    forward::request_headers(
+        req.headers_mut(),
         upgrade,
         Forwarded {
             client: &client.client.header,
@@ -71,6 +72,7 @@ pub async fn forward(
             proto,
             host: host.clone(),
         },
+        &mut added,
     );
     // Without a Host here, `send` writes the host:port of the target it
     // actually uses (`host_header: target`, or a request with no host).
@@ -79,24 +81,24 @@ pub async fn forward(
         // The client's own Host stays where it is.
         (HostHeader::Preserve, Some(_)) if client_sent_host => true,
         (HostHeader::Preserve, Some(h)) => {
-            parts.headers.insert(HOST, h);
+            req.headers_mut().insert(HOST, h);
             true
         }
         (HostHeader::Fixed(v), _) => {
-            parts.headers.insert(HOST, v.clone());
+            req.headers_mut().insert(HOST, v.clone());
             true
         }
         (HostHeader::Target | HostHeader::Preserve, _) => {
-            parts.headers.remove(HOST);
+            req.headers_mut().remove(HOST);
             false
         }
     };
-    if parts.uri.authority().is_some() {
+    if req.uri().authority().is_some() {
         // HTTP/2 and absolute-form requests; HTTP/1.1 ones already are
         // origin-form.
-        parts.uri = origin_form(&parts.uri);
+        *req.uri_mut() = origin_form(req.uri());
     }
-    parts.version = Version::HTTP_11;
+    *req.version_mut() = Version::HTTP_11;
     let body = match verify {
         None => match body {
             Some(body) => RequestBody::new(body, max_body, body_read_timeout),
@@ -121,14 +123,15 @@ pub async fn forward(
                 Err(_) => return Err(ProxyError::BadRequest("the request body was cut off")),
             };
             let now = cx.end.clock().unix_ms() / 1000;
-            webhook::verify(v, &parts.headers, &data, now)?;
+            webhook::verify(v, req.headers(), &data, now)?;
             RequestBody::buffered(data)
         }
     };
-    let req = Request::from_parts(parts, body);
 
     let mut target = None;
-    let sent = upstream.send(req, host_set, &added, &mut target).await;
+    let sent = upstream
+        .send(req, body, host_set, &added, &mut target)
+        .await;
     cx.end.set_target(target);
     // The upstream's fields come stripped of hop-by-hop ones already.
     let (response, lines) = match sent? {

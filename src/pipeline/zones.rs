@@ -70,8 +70,8 @@ impl Zones {
     ) -> Result<(), Stop> {
         self.collect(cx, headers, cfg, false)?;
         if now {
-            let batch = std::mem::take(&mut cx.pending);
-            decide::decide(engine, &self.zones, batch, cx).await?;
+            let mut batch = std::mem::take(&mut cx.pending);
+            decide::decide(engine, &self.zones, &mut batch, cx).await?;
         }
         Ok(())
     }

@@ -187,7 +187,7 @@ where
             })
             .await
         };
-        let resp = resp?;
+        let mut resp = resp?;
         // What is left of a body nobody read: a little is read and thrown
         // away after the answer, keeping the connection (nginx does too);
         // more closes it, lingering so that the client reads the answer
@@ -198,7 +198,9 @@ where
             again = false;
             state.linger_on_close();
         }
-        let written = respond(&mut duplex, &mut out, resp, &facts, again).await;
+        let written = respond(&mut duplex, &mut out, &mut resp, &facts, again).await;
+        // Its body is gone already unless writing failed.
+        drop(resp);
         match written {
             Ok(true) if !state.closing() => {}
             _ => {

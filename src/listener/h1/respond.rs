@@ -42,19 +42,21 @@ enum Framing {
 }
 
 /// Writes `resp`: whether the connection may carry another request. The
-/// head follows hyper's rules, so clients see what they saw before.
+/// head follows hyper's rules, so clients see what they saw before. The
+/// response is borrowed, not moved into this future (a copy of a few
+/// hundred bytes per request); its body is dropped once written.
 pub(super) async fn respond<I>(
     io: &mut Duplex<'_, I>,
     out: &mut Vec<u8>,
-    resp: Response<ProxyBody>,
+    resp: &mut Response<ProxyBody>,
     facts: &Facts,
     mut keep: bool,
 ) -> io::Result<bool>
 where
     I: AsyncRead + AsyncWrite + Unpin,
 {
-    let (parts, mut body) = resp.into_parts();
-    let status = parts.status;
+    let status = resp.status();
+    let body = resp.body();
     let no_length = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
@@ -73,7 +75,7 @@ where
     out.extend_from_slice(b"\r\n");
     let (mut length, mut wrote_date, mut said_close, mut said_keep_alive) =
         (None, false, false, false);
-    for (name, value) in &parts.headers {
+    for (name, value) in resp.headers() {
         match *name {
             header::CONTENT_LENGTH => {
                 if length.is_some() || no_length {
@@ -106,8 +108,9 @@ where
         out.extend_from_slice(b"\r\n");
     }
     // The upstream's and the rate-limit fields, encoded already.
-    out.extend_from_slice(&body.lines().lines);
-    wrote_date |= body.lines().date;
+    let lines = resp.body().lines();
+    out.extend_from_slice(&lines.lines);
+    wrote_date |= lines.date;
     keep &= !said_close;
     let framing = match (bodiless, hint, length) {
         (true, Some(Some(n)), None) if !no_length => {
@@ -157,7 +160,7 @@ where
         // Dropped first: the request ends (access log, in-flight count)
         // before the client has its answer, so a client's next request
         // is never logged before this one.
-        drop(body);
+        end(resp);
         write_all(io, &mut [IoSlice::new(out)]).await?;
         io.flush().await?;
         return Ok(keep);
@@ -169,7 +172,7 @@ where
     // `out` gathers the head and the body pieces that are ready at once;
     // it is written when the body makes us wait, or ends.
     loop {
-        let frame = match next_frame(&mut body, io, out.is_empty()).await {
+        let frame = match next_frame(resp.body_mut(), io, out.is_empty()).await {
             Next::Frame(frame) => frame,
             Next::Waiting => {
                 write_all(io, &mut [IoSlice::new(out)]).await?;
@@ -220,7 +223,7 @@ where
         }
     }
     // The request ends before its last bytes go out (see above).
-    drop(body);
+    end(resp);
     match framing {
         Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
         Framing::Length(_) if left > 0 => keep = false,
@@ -232,6 +235,11 @@ where
     }
     out.clear();
     Ok(keep && framing != Framing::Close)
+}
+
+/// Drops the response's body: the request ends (see `respond`).
+fn end(resp: &mut Response<ProxyBody>) {
+    drop(std::mem::replace(resp.body_mut(), ProxyBody::empty()));
 }
 
 enum Next {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -961,21 +961,21 @@ impl Body for ResponseBody {
 /// then the ones tollgate `added`, and the framing the body needs
 /// (`chunked`: its length is unknown).
 pub fn encode_head(
-    parts: &http::request::Parts,
+    req: &Request<()>,
     added: &[(HeaderName, HeaderValue)],
     length: Option<u64>,
     chunked: bool,
 ) -> Bytes {
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let method = req.method();
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
-        parts
-            .headers
+        req.headers()
             .iter()
             .chain(added.iter().map(|(n, v)| (n, v)))
     };
     let size: usize = fields().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
-    let mut out = BytesMut::with_capacity(parts.method.as_str().len() + target.len() + size + 64);
-    out.extend_from_slice(parts.method.as_str().as_bytes());
+    let mut out = BytesMut::with_capacity(method.as_str().len() + target.len() + size + 64);
+    out.extend_from_slice(method.as_str().as_bytes());
     out.extend_from_slice(b" ");
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
@@ -990,8 +990,8 @@ pub fn encode_head(
     } else if let Some(n) = length.filter(|&n| {
         // No length for a GET, HEAD or CONNECT without a body, whose
         // methods expect none (RFC 9110 §8.6, as nginx and hyper send them).
-        let expects_body = !matches!(parts.method, Method::GET | Method::HEAD | Method::CONNECT);
-        (n > 0 || expects_body) && !parts.headers.contains_key(CONTENT_LENGTH)
+        let expects_body = !matches!(*method, Method::GET | Method::HEAD | Method::CONNECT);
+        (n > 0 || expects_body) && !req.headers().contains_key(CONTENT_LENGTH)
     }) {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());

@@ -142,23 +142,26 @@ impl Upstream {
         at.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
-    /// Sends `req` and waits for the response head. `chosen` records the
-    /// target used, for the access log, even when sending fails. A request
-    /// without `Host` (`host_set` false: the caller knows, no lookup) gets
-    /// the `host:port` of the target it is sent to, on every attempt
-    /// (`host_header: target`).
+    /// Sends the request `head` with `body` and waits for the response
+    /// head. `chosen` records the target used, for the access log, even
+    /// when sending fails. A request without `Host` (`host_set` false: the
+    /// caller knows, no lookup) gets the `host:port` of the target it is
+    /// sent to, on every attempt (`host_header: target`). The head is
+    /// borrowed: a request passes through several async frames, and a
+    /// move into each would copy it (about 200 bytes) into memory the
+    /// request has not touched yet.
     pub async fn send(
         &self,
-        req: Request<RequestBody>,
+        head: &mut Request<()>,
+        body: RequestBody,
         host_set: bool,
         added: &[(HeaderName, HeaderValue)],
         chosen: &mut Option<Arc<str>>,
     ) -> Result<Answer, ProxyError> {
-        let (mut parts, body) = req.into_parts();
         let bodiless = http_body::Body::is_end_stream(&body);
-        let replayable = is_idempotent(&parts.method) && bodiless;
+        let replayable = is_idempotent(head.method()) && bodiless;
         let length = http_body::Body::size_hint(&body).exact();
-        let chunked = !bodiless && length.is_none() && !parts.headers.contains_key(CONTENT_LENGTH);
+        let chunked = !bodiless && length.is_none() && !head.headers().contains_key(CONTENT_LENGTH);
         let mut body = (!bodiless).then_some(body);
         // The one clock read of the attempt: cool-downs, the pool's idle
         // ages and the duration all measure from it.
@@ -212,15 +215,15 @@ impl Upstream {
                         },
                     };
                     if !host_set {
-                        parts.headers.insert(HOST, target.host_value.clone());
+                        head.headers_mut().insert(HOST, target.host_value.clone());
                     }
-                    let head = h1::encode_head(&parts, added, length, chunked);
+                    let encoded = h1::encode_head(head, added, length, chunked);
                     let exchange = h1::exchange(
                         conn,
-                        head,
+                        encoded,
                         body.take(),
                         chunked,
-                        &parts.method,
+                        head.method(),
                         (&target.pool, sending),
                         self.timeout,
                     );
