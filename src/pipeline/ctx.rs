@@ -38,8 +38,10 @@ pub struct Ctx<'p> {
     /// (`count: { status: [...] }`).
     pub deferred: Vec<(usize, String)>,
     /// Every decision made, counted in metrics when the request ends (the
-    /// identity, and so the user type, is known by then).
-    pub counted: Counted,
+    /// identity, and so the user type, is known by then). The first eight
+    /// inline: the common request allocates nothing for them, and a new
+    /// context writes none of their room.
+    pub counted: SmallVec<[(Origin, Outcome); 8]>,
     /// How long zone delays held the request.
     pub delayed_ms: u64,
     /// The keys a limit rejected (enforced or dry run), for the top
@@ -61,35 +63,11 @@ impl<'p> Ctx<'p> {
             pending: Batch::default(),
             applied: Vec::new(),
             deferred: Vec::new(),
-            counted: Counted::default(),
+            counted: SmallVec::new(),
             delayed_ms: 0,
             rejected_keys: SmallVec::new(),
             end,
         }
-    }
-}
-
-/// The decisions of one request, kept until it ends: the first eight
-/// inline, so the common request allocates nothing for them.
-#[derive(Debug, Default)]
-pub struct Counted {
-    inline: [Option<(Origin, Outcome)>; 8],
-    more: Vec<(Origin, Outcome)>,
-}
-
-impl Counted {
-    pub fn push(&mut self, decided: (Origin, Outcome)) {
-        match self.inline.iter_mut().find(|slot| slot.is_none()) {
-            Some(slot) => *slot = Some(decided),
-            None => self.more.push(decided),
-        }
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (Origin, Outcome)> + '_ {
-        self.inline
-            .iter()
-            .map_while(|d| *d)
-            .chain(self.more.iter().copied())
     }
 }
 

@@ -225,7 +225,7 @@ impl Pipeline {
             (Origin::Route(i), Some(r)) => Some(self.limit_base[r.index] + i),
             (Origin::Route(_), None) => None,
         };
-        for (origin, outcome) in cx.counted.iter() {
+        for &(origin, outcome) in &cx.counted {
             if let Some(limit) = index(origin) {
                 m.decision(limit, outcome, authenticated);
                 if outcome != Outcome::Rejected && self.alerts.watches(limit) {
