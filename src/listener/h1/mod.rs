@@ -152,7 +152,7 @@ where
             buf: &mut buf,
             pump: pump.as_ref(),
         };
-        let resp = {
+        let mut resp = {
             // Boxed: between requests a connection holds no room for it.
             // Built in its box: `Box::pin(future)` builds the whole future
             // (the size of its largest state, kilobytes) on the stack, then
@@ -187,7 +187,9 @@ where
             })
             .await
         };
-        let mut resp = resp?;
+        // Used where it is: each move of a response copies a few hundred
+        // bytes.
+        let answer = resp.as_mut()?;
         // What is left of a body nobody read: a little is read and thrown
         // away after the answer, keeping the connection (nginx does too);
         // more closes it, lingering so that the client reads the answer
@@ -198,12 +200,13 @@ where
             again = false;
             state.linger_on_close();
         }
-        let written = respond(&mut duplex, &mut out, &mut resp, &facts, again).await;
-        // Its body is gone already unless writing failed.
-        drop(resp);
+        let written = respond(&mut duplex, &mut out, answer, &facts, again).await;
         match written {
             Ok(true) if !state.closing() => {}
             _ => {
+                // Its body is gone already unless writing failed: the
+                // request ends before the connection does.
+                drop(resp.take());
                 let _ = io.shutdown().await;
                 return None;
             }
