@@ -370,8 +370,8 @@ impl Pipeline {
     /// (`body::HeadLines`); hyper's servers go through [`Pipeline::handle`].
     pub async fn handle_parts(
         &self,
-        req: Request<()>,
-        body: Option<ClientBody>,
+        mut req: Request<()>,
+        mut body: Option<ClientBody>,
         conn: &ConnInfo,
     ) -> Response<ProxyBody> {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
@@ -409,7 +409,6 @@ impl Pipeline {
             && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
         // The request is borrowed by the stages (see `Upstream::send`).
-        let (mut req, mut body) = (req, body);
         let served = self.serve(&mut req, &mut body, conn, &mut cx).await;
         let failed = matches!(served, Err(Stop::Failed(_)));
         let mut resp = match served {
