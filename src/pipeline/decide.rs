@@ -118,16 +118,14 @@ impl Batch {
     }
 }
 
-/// Decides `batch` in one store call. Route-limit decisions are added to
-/// `applied` (and those counting only some statuses to `deferred`); the
-/// longest zone delay is slept here (dropped, and so ended, if the client
-/// goes away); the first enforced group that refuses is the rejection.
-pub async fn decide(
-    engine: &Engine,
-    zones: &[ZoneConfig],
-    batch: &mut Batch,
-    cx: &mut Ctx<'_>,
-) -> Result<(), Stop> {
+/// Decides the checks pending in `cx` in one store call, and empties it.
+/// Route-limit decisions are added to `applied` (and those counting only
+/// some statuses to `deferred`); the longest zone delay is slept here
+/// (dropped, and so ended, if the client goes away); the first enforced
+/// group that refuses is the rejection.
+pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> Result<(), Stop> {
+    // Taken out of the context, which the decisions change.
+    let mut batch = std::mem::take(&mut cx.pending);
     let route = cx.route;
     if batch.is_empty() {
         return Ok(());

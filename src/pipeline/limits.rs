@@ -45,8 +45,5 @@ pub async fn decide(
             }
         }
     }
-    // Taken out of the context, which `decide` changes; borrowed from
-    // here, not moved into its future.
-    let mut batch = std::mem::take(&mut cx.pending);
-    decide::decide(engine, zones.configs(), &mut batch, cx).await
+    decide::decide(engine, zones.configs(), cx).await
 }

@@ -70,8 +70,7 @@ impl Zones {
     ) -> Result<(), Stop> {
         self.collect(cx, headers, cfg, false)?;
         if now {
-            let mut batch = std::mem::take(&mut cx.pending);
-            decide::decide(engine, &self.zones, &mut batch, cx).await?;
+            decide::decide(engine, &self.zones, cx).await?;
         }
         Ok(())
     }
