@@ -32,8 +32,9 @@ pub struct Ctx<'p> {
     /// Zone checks counted but not yet decided: they go to the store with
     /// the route limits, so most requests cost one store call.
     pub pending: Batch,
-    /// Route-limit decisions, for the response's rate-limit headers.
-    pub applied: Vec<Applied>,
+    /// Route-limit decisions, for the response's rate-limit headers. Two
+    /// inline: a route's usual limits allocate nothing.
+    pub applied: SmallVec<[Applied; 2]>,
     /// Route limits (index, key) charged once the response status is known
     /// (`count: { status: [...] }`).
     pub deferred: Vec<(usize, String)>,
@@ -61,7 +62,7 @@ impl<'p> Ctx<'p> {
             bypass: None,
             identity: Identity::Anonymous,
             pending: Batch::default(),
-            applied: Vec::new(),
+            applied: SmallVec::new(),
             deferred: Vec::new(),
             counted: SmallVec::new(),
             delayed_ms: 0,
