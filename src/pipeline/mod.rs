@@ -357,9 +357,9 @@ impl Pipeline {
     /// count, `max_conn` slots) when the response body ends.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
-        let mut resp = self
-            .handle_parts(Request::from_parts(parts, ()), Some(body.into()), conn)
-            .await;
+        let mut req = Request::from_parts(parts, ());
+        let mut body = Some(body.into());
+        let mut resp = self.handle_parts(&mut req, &mut body, conn).await;
         // hyper writes only the header map.
         response::fields_into_map(&mut resp);
         resp
@@ -368,10 +368,12 @@ impl Pipeline {
     /// A request whose body (if any) is `body`: for tollgate's HTTP/1
     /// server, which writes the response's encoded fields itself
     /// (`body::HeadLines`); hyper's servers go through [`Pipeline::handle`].
+    /// Both are the caller's, borrowed: the request's future holds no copy
+    /// of them. The body is taken (forwarded or discarded).
     pub async fn handle_parts(
         &self,
-        mut req: Request<()>,
-        mut body: Option<ClientBody>,
+        req: &mut Request<()>,
+        body: &mut Option<ClientBody>,
         conn: &ConnInfo,
     ) -> Response<ProxyBody> {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
@@ -409,7 +411,7 @@ impl Pipeline {
             && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
         // The request is borrowed by the stages (see `Upstream::send`).
-        let served = self.serve(&mut req, &mut body, conn, &mut cx).await;
+        let served = self.serve(req, body, conn, &mut cx).await;
         let failed = matches!(served, Err(Stop::Failed(_)));
         let mut resp = match served {
             Ok(resp) => resp,
@@ -435,7 +437,7 @@ impl Pipeline {
             // sending it, so a close must linger for the answer to arrive.
             conn.state.linger_on_close();
         }
-        if let Some(body) = body {
+        if let Some(body) = body.take() {
             let bounds = self.discard_bounds;
             discard::settle(
                 body,

@@ -133,7 +133,7 @@ where
             }
         }
         let keep_alive = head.keep_alive;
-        let Some((req, body, pump)) = head.request(&mut buf) else {
+        let Some((mut req, body, pump)) = head.request(&mut buf) else {
             state.handed_over(Handover::Head);
             return Some(Rewind::new(io.into_inner(), buf.freeze()));
         };
@@ -147,6 +147,7 @@ where
         // The connection while this request is served: writes to it, and
         // reads of the request body as it is taken (both ways at once: an
         // upstream may stream its answer while the body still arrives).
+        let mut body = Some(body);
         let mut duplex = Duplex {
             io: &mut io,
             buf: &mut buf,
@@ -159,7 +160,7 @@ where
             // copies it.
             let mut handled = Box::into_pin(Box::write(
                 Box::new_uninit(),
-                pipeline.handle_parts(req, Some(body), info),
+                pipeline.handle_parts(&mut req, &mut body, info),
             ));
             poll_fn(|cx| loop {
                 if let Poll::Ready(resp) = handled.as_mut().poll(cx) {
@@ -187,6 +188,8 @@ where
             })
             .await
         };
+        // Whatever of the request the pipeline left goes before the answer.
+        drop((req, body));
         // Used where it is: each move of a response copies a few hundred
         // bytes.
         let answer = resp.as_mut()?;
