@@ -168,7 +168,6 @@ impl Upstream {
         let sending = self.clock.now();
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
-        let now = self.ms_at(sending);
         // Written only when a connect fails: nothing allocated per request.
         let mut last_connect_error = None;
         // Targets already tried for this request (the first 64 are tracked).
@@ -179,7 +178,10 @@ impl Upstream {
             for i in 0..n {
                 let idx = (first + i) % n;
                 let target = &self.targets[idx];
-                let cooling = target.down_until_ms.load(Ordering::Relaxed) > now;
+                // The attempt's time in ms is worked out only for a target
+                // that has cooled down (most requests meet none).
+                let until = target.down_until_ms.load(Ordering::Relaxed);
+                let cooling = until != 0 && until > self.ms_at(sending);
                 if cooling != (pass == 1) || (idx < 64 && tried & (1 << idx) != 0) {
                     continue;
                 }
