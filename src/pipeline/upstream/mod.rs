@@ -179,7 +179,8 @@ impl Upstream {
                 let idx = (first + i) % n;
                 let target = &self.targets[idx];
                 // The attempt's time in ms is worked out only for a target
-                // that has cooled down (most requests meet none).
+                // with a cool-down deadline (0 while it is up: most requests
+                // meet none).
                 let until = target.down_until_ms.load(Ordering::Relaxed);
                 let cooling = until != 0 && until > self.ms_at(sending);
                 if cooling != (pass == 1) || (idx < 64 && tried & (1 << idx) != 0) {
