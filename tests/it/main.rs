@@ -16,6 +16,7 @@ mod limits;
 mod metrics;
 mod nginx_differential;
 mod parsers;
+mod pgo_train;
 mod protection;
 mod redis_proxy;
 mod redis_replicas;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-fn need(tool: &str) {
+pub fn need(tool: &str) {
     let found = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
