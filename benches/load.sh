@@ -7,6 +7,10 @@
 #   BASELINE=/tmp/tollgate-before bash benches/load.sh
 #       also runs that binary (an earlier build) on the same configs,
 #       interleaved, and prints this build / baseline
+#   scripts/pgo-build && TOLLGATE=target/pgo/tollgate \
+#       BASELINE=target/release/tollgate bash benches/load.sh
+#       measures the profile-guided build (the one to deploy), with the
+#       plain `cargo build --release` one as the baseline
 #   DASHBOARD=1 bash benches/load.sh
 #       also runs tollgate with a dashboard open (a poller fetching
 #       /api/overview every 2 s, as the page does), interleaved
@@ -35,6 +39,8 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-5s}
 REPS=${REPS:-3}
 BASELINE=${BASELINE:-}
+# The build measured: by default the plain release build made below.
+TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
 BASE_PORT=${BASE_PORT:-18100}
 
@@ -53,6 +59,9 @@ if [ "$(nproc)" -lt 2 ]; then
 fi
 
 cargo build --release --quiet
+for b in "$TOLLGATE" $BASELINE; do
+    [ -x "$b" ] || { echo "load.sh: no tollgate binary at $b (scripts/pgo-build makes target/pgo/tollgate)" >&2; exit 1; }
+done
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -149,12 +158,12 @@ start_tollgate() { # binary config -> pid (taskset execs the binary)
     taskset -c 0 "$1" run --config "$2" >"$2.log" 2>&1 &
     echo $!
 }
-TG_ALLOW=$(start_tollgate target/release/tollgate "$work/allow.yaml"); pids+=("$TG_ALLOW")
-TG_REJECT=$(start_tollgate target/release/tollgate "$work/reject.yaml"); pids+=("$TG_REJECT")
-TG_TIERS=$(start_tollgate target/release/tollgate "$work/tiers.yaml"); pids+=("$TG_TIERS")
+TG_ALLOW=$(start_tollgate "$TOLLGATE" "$work/allow.yaml"); pids+=("$TG_ALLOW")
+TG_REJECT=$(start_tollgate "$TOLLGATE" "$work/reject.yaml"); pids+=("$TG_REJECT")
+TG_TIERS=$(start_tollgate "$TOLLGATE" "$work/tiers.yaml"); pids+=("$TG_TIERS")
 sleep 0.3
-TG_REDIS=$(start_tollgate target/release/tollgate "$work/redis.yaml"); pids+=("$TG_REDIS")
-TG_CHURN=$(start_tollgate target/release/tollgate "$work/churn.yaml"); pids+=("$TG_CHURN")
+TG_REDIS=$(start_tollgate "$TOLLGATE" "$work/redis.yaml"); pids+=("$TG_REDIS")
+TG_CHURN=$(start_tollgate "$TOLLGATE" "$work/churn.yaml"); pids+=("$TG_CHURN")
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -205,7 +214,7 @@ to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
 }
 poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
 
-echo "proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
+echo "tollgate: $TOLLGATE${BASELINE:+, baseline: $BASELINE}; proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
 for rep in $(seq "$REPS"); do
     for c in 64 256; do
         run nginx-allow "$c" $((BASE_PORT + 1)) $NGINX_PIDS
