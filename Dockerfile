@@ -19,7 +19,7 @@ COPY src ./src
 COPY benches ./benches
 COPY examples ./examples
 COPY scripts ./scripts
-RUN scripts/pgo-build && cp target/pgo/tollgate target/release/tollgate && strip target/release/tollgate
+RUN scripts/pgo-build && strip target/pgo/tollgate
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -27,7 +27,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --no-create-home --uid 10001 tollgate \
  && mkdir -p /etc/tollgate
-COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
+COPY --from=build /src/target/pgo/tollgate /usr/local/bin/tollgate
 COPY config.example.yaml /etc/tollgate/tollgate.yaml
 USER tollgate
 EXPOSE 8080 8443
