@@ -59,7 +59,7 @@ if [ "$(nproc)" -lt 2 ]; then
 fi
 
 cargo build --release --quiet
-for b in "$TOLLGATE" $BASELINE; do
+for b in "$TOLLGATE" ${BASELINE:+"$BASELINE"}; do
     [ -x "$b" ] || { echo "load.sh: no tollgate binary at $b (scripts/pgo-build makes target/pgo/tollgate)" >&2; exit 1; }
 done
 work=$(mktemp -d)
