@@ -104,7 +104,7 @@ pub async fn run(bin: &str, dir: &Path, step: Duration) -> Result<(), Error> {
 
     // The same routes with their limits in Redis (the store is one per
     // process, so a second one), and without the access log.
-    let Some(mut redis) = Redis::start(dir).await? else {
+    let Some(redis) = Redis::start(dir).await? else {
         return Ok(());
     };
     let ports = Ports::free()?;
@@ -123,7 +123,7 @@ pub async fn run(bin: &str, dir: &Path, step: Duration) -> Result<(), Error> {
     if keys == 0 {
         return Err("the Redis store kept no keys".into());
     }
-    redis.stop();
+    // `redis` stops as it drops.
     Ok(())
 }
 
@@ -300,9 +300,7 @@ async fn h1(
         };
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                let resp = sender.send_request(request(method, path, &auth)?).await?;
-                let status = resp.status();
-                resp.into_body().collect().await?;
+                let status = status_of(sender.send_request(request(method, path, &auth)?)).await?;
                 let Some(at) = expect.iter().position(|s| *s == status) else {
                     return Err(format!("{method} {path}: unexpected {status}").into());
                 };
@@ -320,6 +318,17 @@ async fn h1(
         return Err(format!("{method} {path}: no answer").into());
     }
     Ok(seen)
+}
+
+/// The status of the answer to a request sent, once its body is read
+/// (as a client reads it).
+async fn status_of(
+    sent: impl std::future::Future<Output = hyper::Result<Response<hyper::body::Incoming>>>,
+) -> Result<StatusCode, Error> {
+    let resp = sent.await?;
+    let status = resp.status();
+    resp.into_body().collect().await?;
+    Ok(status)
 }
 
 async fn handshake<S>(io: S) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, Error>
@@ -369,11 +378,8 @@ async fn h2(
             let auth = Some(tokens[((i * 16 + j) % tokens.len() as u64) as usize].clone());
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < deadline {
-                    let resp = sender
-                        .send_request(request("GET", "/api/items", &auth)?)
-                        .await?;
-                    let status = resp.status();
-                    resp.into_body().collect().await?;
+                    let sent = sender.send_request(request("GET", "/api/items", &auth)?);
+                    let status = status_of(sent).await?;
                     if status != StatusCode::OK {
                         return Err(format!("HTTP/2 GET /api/items: unexpected {status}").into());
                     }
