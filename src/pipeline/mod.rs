@@ -339,6 +339,7 @@ impl Pipeline {
                 "kind": "redis",
                 "up": r.is_up(),
                 "calls": r.calls(),
+                "sent_as": r.sent_as(),
             }),
         }
     }

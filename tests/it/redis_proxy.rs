@@ -243,10 +243,20 @@ async fn redis_killed_mid_load_with_local_fallback_keeps_limiting() {
     assert_eq!(admitted, 900, "of {} requests", samples.len());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_mid_load_costs_no_request() {
-    let redis = Arc::new(Mutex::new(RedisServer::start()));
-    let yaml = failing_closed(&redis.lock().unwrap());
+/// Loads the proxy while `flush` empties Redis's functions or scripts 15
+/// times: no request fails, tollgate loads `loaded` again each time, and
+/// `/readyz` says how decisions were sent.
+async fn flushes_mid_load_cost_no_request(
+    redis: RedisServer,
+    flush: &'static str,
+    loaded: &str,
+    sent_as: &str,
+) -> Arc<Mutex<RedisServer>> {
+    let yaml = failing_closed(&redis).replace(
+        "admin: { enabled: false }",
+        "admin: { bind: '127.0.0.1:0' }",
+    );
+    let redis = Arc::new(Mutex::new(redis));
     let proxy = TestProxy::spawn(&yaml).await;
     let flushes = {
         let redis = redis.clone();
@@ -254,7 +264,7 @@ async fn script_flush_mid_load_costs_no_request() {
             for _ in 0..15 {
                 // Paces the flushes through the load run.
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                redis.lock().unwrap().cli(&["SCRIPT", "FLUSH"]);
+                redis.lock().unwrap().cli(&[flush, "FLUSH"]);
             }
         }
     };
@@ -266,9 +276,45 @@ async fn script_flush_mid_load_costs_no_request() {
         failed.len(),
         samples.len()
     );
+    let ready = get(proxy.admin.expect("admin"), "/readyz").await;
+    assert_eq!(ready.json()["store"]["sent_as"], sent_as);
+    {
+        let redis = redis.lock().unwrap();
+        let loads = redis.calls(loaded);
+        assert!(loads >= 10, "{loaded} ran {loads} times for 15 flushes");
+        assert!(redis.keys_without_ttl("*").is_empty());
+    }
+    redis
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_mid_load_costs_no_request() {
+    let redis = flushes_mid_load_cost_no_request(
+        RedisServer::start(),
+        "FUNCTION",
+        "function|load",
+        "function",
+    )
+    .await;
     let redis = redis.lock().unwrap();
-    assert!(redis.calls("script|load") + redis.calls("eval") >= 10);
-    assert!(redis.keys_without_ttl("*").is_empty());
+    assert_eq!(redis.calls("evalsha"), 0, "every decision went by FCALL");
+    assert!(redis.calls("fcall") > 100);
+}
+
+/// A server without `FUNCTION` (as before Redis 7, or with the command
+/// renamed away) is sent the script; `SCRIPT FLUSH` costs no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_functions_decisions_go_by_evalsha() {
+    let no_functions = RedisServer::start_with(|_| {
+        let args = ["--rename-command", "FUNCTION", ""];
+        (args.map(String::from).to_vec(), Vec::new())
+    });
+    let redis =
+        flushes_mid_load_cost_no_request(no_functions, "SCRIPT", "script|load", "script").await;
+    let redis = redis.lock().unwrap();
+    assert!(redis.calls("evalsha") > 100);
+    // One FCALL found out; every decision after went by EVALSHA.
+    assert!(redis.calls("fcall") <= 2, "{} FCALLs", redis.calls("fcall"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,7 +350,7 @@ async fn a_flood_from_one_key_is_refused_from_the_cache() {
             admitted += ok.unwrap();
         }
         assert_eq!(admitted, 10);
-        counts.push(redis.calls("evalsha") + redis.calls("eval"));
+        counts.push(redis.calls("fcall") + redis.calls("evalsha") + redis.calls("eval"));
     }
     let (cached, uncached) = (counts[0], counts[1]);
     // Without the cache, batching alone already merges some requests.

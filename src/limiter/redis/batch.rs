@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::conn::{Conn, Link};
+use super::function::Decide;
 
 /// Requests in one script call at most.
 const MAX_BATCH: usize = 64;
@@ -56,12 +57,12 @@ pub struct Batcher {
 impl Batcher {
     pub fn start(
         link: Arc<Link>,
-        script: Script,
+        decide: Arc<Decide>,
         timeout: Duration,
         calls: Arc<AtomicU64>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, link, script, timeout, calls));
+        tokio::spawn(run(rx, link, decide, timeout, calls));
         Batcher { tx }
     }
 
@@ -78,7 +79,7 @@ impl Batcher {
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Queued>,
     link: Arc<Link>,
-    script: Script,
+    decide: Arc<Decide>,
     timeout: Duration,
     calls: Arc<AtomicU64>,
 ) {
@@ -100,10 +101,10 @@ async fn run(
         if batch.is_empty() {
             continue;
         }
-        let (link, script, calls) = (link.clone(), script.clone(), calls.clone());
+        let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
         tokio::spawn(async move {
             let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
-            let answers = call(&link, &script, &calls, 0, &jobs, timeout).await;
+            let answers = call(&link, &decide, &calls, 0, &jobs, timeout).await;
             match answers {
                 Ok(each) => {
                     for (reply, answer) in replies.into_iter().zip(each) {
@@ -125,7 +126,7 @@ async fn run(
 /// and in the breaker: per job, the clock and its decision numbers.
 pub async fn call(
     link: &Link,
-    script: &Script,
+    decide: &Decide,
     calls: &AtomicU64,
     now: u64,
     jobs: &[Job],
@@ -133,7 +134,7 @@ pub async fn call(
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
     let (generation, mut conn) = link.get().map_err(|why| (why.to_owned(), false))?;
     calls.fetch_add(1, Ordering::Relaxed);
-    let result = invoke(&mut conn, script, now, jobs, timeout).await;
+    let result = invoke(&mut conn, decide, now, jobs, timeout).await;
     match &result {
         Ok(_) => link.succeeded(),
         Err((_, broken)) => link.failed(broken.then_some(generation)),
@@ -141,29 +142,30 @@ pub async fn call(
     result
 }
 
-/// One script call for `jobs`, bounded by `timeout`: per job, the clock and
-/// its decision numbers. `EVALSHA`, and after `NOSCRIPT` (a restart, a
-/// `SCRIPT FLUSH`) `SCRIPT LOAD` and once more, all within the timeout.
+/// One script call for `jobs`, bounded by `timeout` (loading the function
+/// or script Redis lacks included): per job, the clock and its decision
+/// numbers.
 async fn invoke(
     conn: &mut Conn,
-    script: &Script,
+    decide: &Decide,
     now: u64,
     jobs: &[Job],
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
     let keys: usize = jobs.iter().map(|j| j.ends.len()).sum();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
-    for job in jobs {
-        for key in job.keys() {
-            cmd.arg(key);
+    let operands = |cmd: &mut redis::Cmd| {
+        cmd.arg(keys);
+        for job in jobs {
+            for key in job.keys() {
+                cmd.arg(key);
+            }
         }
-    }
-    cmd.arg(now);
-    for job in jobs {
-        cmd.arg(&job.spec);
-    }
-    let reply: Vec<u8> = evalsha(conn, script, &cmd, timeout).await?;
+        cmd.arg(now);
+        for job in jobs {
+            cmd.arg(&job.spec);
+        }
+    };
+    let reply = bounded(decide.call(conn, operands), timeout).await?;
     numbers(&reply)
         .and_then(|values| split(&values, jobs))
         .ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
@@ -196,6 +198,14 @@ pub async fn evalsha<T: redis::FromRedisValue>(
             other => other,
         }
     };
+    bounded(call, timeout).await
+}
+
+/// `call` within `timeout`, its error as a [`Failure`].
+async fn bounded<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    timeout: Duration,
+) -> Result<T, Failure> {
     match tokio::time::timeout(timeout, call).await {
         Err(_) => Err((
             format!("Redis did not answer within {}ms", timeout.as_millis()),

@@ -19,345 +19,386 @@
 -- check: verdict (0 allow, 1 delay, 2 reject), delay ms, remaining, reset
 -- ms, retry-after ms.
 -- Every write carries a TTL: after it the key decides like a new one.
+--
+-- Loaded two ways (src/limiter/redis/batch.rs), the same code either way:
+-- as a Redis function library (Redis 7 and later), where `make` runs once,
+-- at the first call, and what it returns decides every call after, so
+-- the definitions below and the parsed specs are made once; or as an
+-- EVALSHA script (older servers, clusters), which makes them each call.
+-- The loader appends the few lines that differ.
 
-if redis.replicate_commands then redis.replicate_commands() end
+local function make()
+  local floor, max, min = math.floor, math.max, math.min
+  -- The clock of the call, and its shortest TTL written (set per call).
+  local now, min_ttl
 
-local floor, max, min = math.floor, math.max, math.min
-local now = tonumber(ARGV[1])
--- Shortest TTL written. A pinned clock (tests replaying traces) is not
--- Redis's: a key must not expire on Redis's own clock while the trace's
--- time still needs it, so pinned runs keep keys an hour (a key kept past
--- its TTL decides exactly like a new one).
-local min_ttl = 3600000
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-  min_ttl = 1
-end
-
--- floor(a / b) for integers, corrected for any rounding of the division
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function cdiv(a, b) return -idiv(-a, b) end
-local U32 = 4294967295
-
--- States are stored as "<tag>:<n>:<n>[:<n>...]|<p1>,<p2>,<p3>" and decoded
--- once per call into { tag, n, n, ..., p = { p1, p2, p3 } }: the numbers
--- of the limit that wrote them, so a reload that changes them rescales the
--- state instead of misreading it (a value without them, written before
--- they were kept, is read under the current numbers). A state of another
--- algorithm (a limit whose algorithm changed) decides like a new key.
-local match, format, tonumber = string.match, string.format, tonumber
-local function decode(v)
-  if not v then return false end
-  local body, params = match(v, '^([^|]*)|(.*)$')
-  if not body then body = v end
-  local p
-  if params then
-    local a, b, c = match(params, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
-    if a then p = { tonumber(a), tonumber(b), tonumber(c) } end
+  -- floor(a / b) for integers (b > 0), corrected for any rounding of the
+  -- division. `a % b` is a - floor(a / b) * b in the VM itself, so this
+  -- takes no call to math.floor; the product is exact below 2^53, so the
+  -- difference divides exactly.
+  local function idiv(a, b)
+    local q = (a - a % b) / b
+    if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+    return q
   end
-  local tag = string.sub(body, 1, 1)
-  if tag == 'L' then
-    local s = { 'L', p = p }
-    for n in string.gmatch(body, '%d+') do s[#s + 1] = tonumber(n) end
-    return s
+  -- ceil(a / b), likewise (-floor(-a / b))
+  local function cdiv(a, b)
+    local q = (a + -a % b) / b
+    if q * b < a then q = q + 1 elseif (q - 1) * b >= a then q = q - 1 end
+    return q
   end
-  local a, b, c = match(body, '^%u:(%d+):(%d+):?(%d*)$')
-  if not a then return false end
-  return { tag, tonumber(a), tonumber(b), tonumber(c), p = p }
-end
-local function encode(s)
-  local v
-  if s[1] == 'S' then v = format('S:%d:%d:%d', s[2], s[3], s[4])
-  elseif s[1] ~= 'L' then v = format('%s:%d:%d', s[1], s[2], s[3])
-  else
-    local parts = { 'L' }
-    for k = 2, #s do parts[k] = format('%d', s[k]) end
-    v = table.concat(parts, ':')
-  end
-  if s.p then v = v .. format('|%d,%d,%d', s.p[1], s.p[2], s.p[3]) end
-  return v
-end
+  local U32 = 4294967295
 
--- A state written under other numbers (a reload changed the limit): the
--- client keeps the share of its budget it had used, rounded against it,
--- as src/limiter/algorithm/rescale.rs does for the memory store.
--- o: the numbers it was written under, n: the current ones.
-local function up(used, num, den) return cdiv(used * num, den) end
-local rescale = {}
-rescale.F = function(s, o, n)
-  local start = idiv(now, o[2]) * o[2]
-  local count = (s[2] == start) and s[3] or 0
-  count = min(up(count, n[1], o[1]), U32)
-  if n[2] ~= o[2] then start = idiv(now, n[2]) * n[2] end
-  return { 'F', start, count }
-end
-rescale.S = function(s, o, n)
-  local w0 = o[2]
-  local start = idiv(now, w0) * w0
-  local prev, curr = 0, 0
-  if s[2] == start then prev, curr = s[3], s[4]
-  elseif s[2] + w0 == start then prev = s[4] end
-  if n[2] == w0 then
-    return { 'S', start, min(up(prev, n[1], o[1]), U32), min(up(curr, n[1], o[1]), U32) }
+  -- States are stored as "<tag>:<n>:<n>[:<n>...]|<p1>,<p2>,<p3>" and decoded
+  -- once per call into { tag, n, n, ..., p = { p1, p2, p3 } }: the numbers
+  -- of the limit that wrote them, so a reload that changes them rescales the
+  -- state instead of misreading it (a value without them, written before
+  -- they were kept, is read under the current numbers). A state of another
+  -- algorithm (a limit whose algorithm changed) decides like a new key.
+  local match, format, tonumber = string.match, string.format, tonumber
+  local function decode(v)
+    if not v then return false end
+    local body, params = match(v, '^([^|]*)|(.*)$')
+    if not body then body = v end
+    local p
+    if params then
+      local a, b, c = match(params, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+      if a then p = { tonumber(a), tonumber(b), tonumber(c) } end
+    end
+    local tag = string.sub(body, 1, 1)
+    if tag == 'L' then
+      local s = { 'L', p = p }
+      for n in string.gmatch(body, '%d+') do s[#s + 1] = tonumber(n) end
+      return s
+    end
+    local a, b, c = match(body, '^%u:(%d+):(%d+):?(%d*)$')
+    if not a then return false end
+    return { tag, tonumber(a), tonumber(b), tonumber(c), p = p }
   end
-  local used = cdiv(prev * (start + w0 - now), w0) + curr
-  return { 'S', idiv(now, n[2]) * n[2], 0, min(up(used, n[1], o[1]), U32) }
-end
-rescale.L = function(s, o, n)
-  local out = { 'L' }
-  for i = 2, #s, 2 do
-    out[i] = s[i]
-    out[i + 1] = min(up(s[i + 1], n[1], o[1]), U32)
+  local function encode(s)
+    local v
+    if s[1] == 'S' then v = format('S:%d:%d:%d', s[2], s[3], s[4])
+    elseif s[1] ~= 'L' then v = format('%s:%d:%d', s[1], s[2], s[3])
+    else
+      local parts = { 'L' }
+      for k = 2, #s do parts[k] = format('%d', s[k]) end
+      v = table.concat(parts, ':')
+    end
+    if s.p then v = v .. format('|%d,%d,%d', s.p[1], s.p[2], s.p[3]) end
+    return v
   end
-  return out
-end
-rescale.B = function(s, o, n)
-  local capacity0 = o[3] * o[2]
-  local level = min(s[2] + max(0, now - s[3]) * o[1], capacity0)
-  return { 'B', floor(level * ((n[3] * n[2]) / capacity0)), now }
-end
-rescale.G = function(s, o, n)
-  local d = 0
-  if s[2] >= now then d = (s[2] - now) * o[1] + s[3] end
-  local nd = math.ceil(d * ((n[3] * n[2]) / (o[3] * o[2])))
-  local q = idiv(nd, n[1])
-  return { 'G', now + q, nd - q * n[1] }
-end
-rescale.K = function(s, o, n)
-  local excess = max(0, s[2] - idiv(o[1] * max(0, now - s[3]), 1000))
-  if excess > 0 then excess = max(0, up(excess + 1000, n[2] + 1, o[2] + 1) - 1000) end
-  return { 'K', excess, now }
-end
 
--- Each takes the decoded state (false for none) and returns verdict,
--- delay, remaining, reset, retry, and when admitted the new state and its
--- TTL in ms.
-local algorithms = {}
-
-algorithms.F = function(s, limit, w, _, cost)
-  local start = idiv(now, w) * w
-  local count = (s and s[1] == 'F' and s[2] == start) and s[3] or 0
-  local reset = start + w - now
-  if count + cost <= limit then
-    return 0, 0, limit - count - cost, reset, 0, { 'F', start, count + cost }, reset
+  -- A state written under other numbers (a reload changed the limit): the
+  -- client keeps the share of its budget it had used, rounded against it,
+  -- as src/limiter/algorithm/rescale.rs does for the memory store.
+  -- o: the numbers it was written under, n: the current ones.
+  local function up(used, num, den) return cdiv(used * num, den) end
+  local rescale = {}
+  rescale.F = function(s, o, n)
+    local start = idiv(now, o[2]) * o[2]
+    local count = (s[2] == start) and s[3] or 0
+    count = min(up(count, n[1], o[1]), U32)
+    if n[2] ~= o[2] then start = idiv(now, n[2]) * n[2] end
+    return { 'F', start, count }
   end
-  return 2, 0, max(0, limit - count), reset, reset
-end
-
-local function sliding_retry(prev, curr, elapsed, w, l, c)
-  if curr + c <= l and prev > 0 then
-    local t = cdiv(prev * (w - elapsed) + (curr + c) * w - l * w, prev)
-    if t < w - elapsed then return max(t, 1) end
-  end
-  local to_next = w - elapsed
-  if c > l then return to_next + w end
-  if curr == 0 or curr + c <= l then return max(to_next, 1) end
-  local u = w - min(idiv((l - c) * w, curr), w)
-  if curr * (w - u) + c * w > l * w then u = u + 1 end
-  return to_next + min(u, w)
-end
-
-algorithms.S = function(s, limit, w, _, cost)
-  local start = idiv(now, w) * w
-  local prev, curr = 0, 0
-  if s and s[1] == 'S' then
+  rescale.S = function(s, o, n)
+    local w0 = o[2]
+    local start = idiv(now, w0) * w0
+    local prev, curr = 0, 0
     if s[2] == start then prev, curr = s[3], s[4]
-    elseif s[2] + w == start then prev = s[4] end
-  end
-  local elapsed = now - start
-  local used = prev * (w - elapsed) + curr * w
-  local reset = w - elapsed
-  if used + cost * w <= limit * w then
-    return 0, 0, idiv(limit * w - used - cost * w, w), reset, 0,
-      { 'S', start, prev, min(curr + cost, U32) }, start + 2 * w - now
-  end
-  return 2, 0, idiv(max(0, limit * w - used), w), reset,
-    sliding_retry(prev, curr, elapsed, w, limit, cost)
-end
-
-algorithms.L = function(s, limit, w, _, cost)
-  if not (s and s[1] == 'L') then s = { 'L' } end
-  -- (time, cost) pairs from s[2], oldest first; drop those out of the window
-  local first, total = 2, 0
-  while s[first] and s[first] + w <= now do first = first + 2 end
-  for i = first, #s, 2 do total = total + s[i + 1] end
-  local oldest = s[first] or now
-  if total + cost <= limit then
-    local kept = { 'L' }
-    for i = first, #s do kept[#kept + 1] = s[i] end
-    if kept[#kept - 1] == now then
-      kept[#kept] = min(kept[#kept] + cost, U32)
-    else
-      kept[#kept + 1] = now
-      kept[#kept + 1] = cost
+    elseif s[2] + w0 == start then prev = s[4] end
+    if n[2] == w0 then
+      return { 'S', start, min(up(prev, n[1], o[1]), U32), min(up(curr, n[1], o[1]), U32) }
     end
-    return 0, 0, limit - total - cost, oldest + w - now, 0, kept, w
+    local used = cdiv(prev * (start + w0 - now), w0) + curr
+    return { 'S', idiv(now, n[2]) * n[2], 0, min(up(used, n[1], o[1]), U32) }
   end
-  local freed, retry = 0, w
-  for i = first, #s, 2 do
-    freed = freed + s[i + 1]
-    if total - freed + cost <= limit then
-      retry = s[i] + w - now
-      break
+  rescale.L = function(s, o, n)
+    local out = { 'L' }
+    for i = 2, #s, 2 do
+      out[i] = s[i]
+      out[i + 1] = min(up(s[i + 1], n[1], o[1]), U32)
     end
+    return out
   end
-  return 2, 0, max(0, limit - total), oldest + w - now, retry
-end
+  rescale.B = function(s, o, n)
+    local capacity0 = o[3] * o[2]
+    local level = min(s[2] + max(0, now - s[3]) * o[1], capacity0)
+    return { 'B', floor(level * ((n[3] * n[2]) / capacity0)), now }
+  end
+  rescale.G = function(s, o, n)
+    local d = 0
+    if s[2] >= now then d = (s[2] - now) * o[1] + s[3] end
+    local nd = math.ceil(d * ((n[3] * n[2]) / (o[3] * o[2])))
+    local q = idiv(nd, n[1])
+    return { 'G', now + q, nd - q * n[1] }
+  end
+  rescale.K = function(s, o, n)
+    local excess = max(0, s[2] - idiv(o[1] * max(0, now - s[3]), 1000))
+    if excess > 0 then excess = max(0, up(excess + 1000, n[2] + 1, o[2] + 1) - 1000) end
+    return { 'K', excess, now }
+  end
 
-algorithms.B = function(s, a, p, burst, cost)
-  local capacity = burst * p
-  local level = capacity
-  if s and s[1] == 'B' then
-    local stored, last = s[2], s[3]
-    local elapsed = max(0, now - last)
-    if elapsed < cdiv(capacity - stored, a) then level = stored + elapsed * a end
-  end
-  local need = cost * p
-  if level >= need then
-    local after = level - need
-    local reset = cdiv(capacity - after, a)
-    return 0, 0, idiv(after, p), reset, 0, { 'B', after, now }, max(reset, 1)
-  end
-  return 2, 0, idiv(level, p), cdiv(capacity - level, a), cdiv(need - level, a)
-end
+  -- Each takes the decoded state (false for none), the limit's numbers and
+  -- the cost, and the numbers as one table (`par`, kept in the new state);
+  -- it returns verdict, delay, remaining, reset, retry, and when admitted
+  -- the new state and its TTL in ms.
+  local algorithms = {}
 
-algorithms.G = function(s, a, p, burst, cost)
-  -- tat kept as (whole ms, remainder in 1/a ms); d = tat - now, in 1/a ms
-  local tolerance = burst * p
-  local d = 0
-  if s and s[1] == 'G' and s[2] >= now then d = (s[2] - now) * a + s[3] end
-  local nd = d + cost * p
-  if nd <= tolerance then
-    local reset = cdiv(nd, a)
-    local q = idiv(nd, a)
-    return 0, 0, idiv(tolerance - nd, p), reset, 0, { 'G', now + q, nd - q * a }, max(reset, 1)
+  algorithms.F = function(s, limit, w, _, cost, par)
+    local start = idiv(now, w) * w
+    local count = (s and s[1] == 'F' and s[2] == start) and s[3] or 0
+    local reset = start + w - now
+    if count + cost <= limit then
+      return 0, 0, limit - count - cost, reset, 0, { 'F', start, count + cost, p = par }, reset
+    end
+    return 2, 0, max(0, limit - count), reset, reset
   end
-  return 2, 0, idiv(max(0, tolerance - d), p), cdiv(d, a), cdiv(nd - tolerance, a)
-end
 
-algorithms.K = function(s, rate, burst, delay, cost)
-  local burst_m, cost_m = burst * 1000, 1000 * cost
-  local stored, last
-  if s and s[1] == 'K' then stored, last = s[2], s[3] end
-  local excess, ms
-  if stored then
-    ms = max(0, now - last)
-    -- past a full drain the result is 0 however long it was
-    if ms > cdiv((stored + cost_m) * 1000, rate) then
+  local function sliding_retry(prev, curr, elapsed, w, l, c)
+    if curr + c <= l and prev > 0 then
+      local t = cdiv(prev * (w - elapsed) + (curr + c) * w - l * w, prev)
+      if t < w - elapsed then return max(t, 1) end
+    end
+    local to_next = w - elapsed
+    if c > l then return to_next + w end
+    if curr == 0 or curr + c <= l then return max(to_next, 1) end
+    local u = w - min(idiv((l - c) * w, curr), w)
+    if curr * (w - u) + c * w > l * w then u = u + 1 end
+    return to_next + min(u, w)
+  end
+
+  algorithms.S = function(s, limit, w, _, cost, par)
+    local start = idiv(now, w) * w
+    local prev, curr = 0, 0
+    if s and s[1] == 'S' then
+      if s[2] == start then prev, curr = s[3], s[4]
+      elseif s[2] + w == start then prev = s[4] end
+    end
+    local elapsed = now - start
+    local used = prev * (w - elapsed) + curr * w
+    local reset = w - elapsed
+    if used + cost * w <= limit * w then
+      return 0, 0, idiv(limit * w - used - cost * w, w), reset, 0,
+        { 'S', start, prev, min(curr + cost, U32), p = par }, start + 2 * w - now
+    end
+    return 2, 0, idiv(max(0, limit * w - used), w), reset,
+      sliding_retry(prev, curr, elapsed, w, limit, cost)
+  end
+
+  algorithms.L = function(s, limit, w, _, cost, par)
+    if not (s and s[1] == 'L') then s = { 'L' } end
+    -- (time, cost) pairs from s[2], oldest first; drop those out of the window
+    local first, total = 2, 0
+    while s[first] and s[first] + w <= now do first = first + 2 end
+    for i = first, #s, 2 do total = total + s[i + 1] end
+    local oldest = s[first] or now
+    if total + cost <= limit then
+      local kept = { 'L', p = par }
+      for i = first, #s do kept[#kept + 1] = s[i] end
+      if kept[#kept - 1] == now then
+        kept[#kept] = min(kept[#kept] + cost, U32)
+      else
+        kept[#kept + 1] = now
+        kept[#kept + 1] = cost
+      end
+      return 0, 0, limit - total - cost, oldest + w - now, 0, kept, w
+    end
+    local freed, retry = 0, w
+    for i = first, #s, 2 do
+      freed = freed + s[i + 1]
+      if total - freed + cost <= limit then
+        retry = s[i] + w - now
+        break
+      end
+    end
+    return 2, 0, max(0, limit - total), oldest + w - now, retry
+  end
+
+  algorithms.B = function(s, a, p, burst, cost, par)
+    local capacity = burst * p
+    local level = capacity
+    if s and s[1] == 'B' then
+      local stored, last = s[2], s[3]
+      local elapsed = max(0, now - last)
+      if elapsed < cdiv(capacity - stored, a) then level = stored + elapsed * a end
+    end
+    local need = cost * p
+    if level >= need then
+      local after = level - need
+      local reset = cdiv(capacity - after, a)
+      return 0, 0, idiv(after, p), reset, 0, { 'B', after, now, p = par }, max(reset, 1)
+    end
+    return 2, 0, idiv(level, p), cdiv(capacity - level, a), cdiv(need - level, a)
+  end
+
+  algorithms.G = function(s, a, p, burst, cost, par)
+    -- tat kept as (whole ms, remainder in 1/a ms); d = tat - now, in 1/a ms
+    local tolerance = burst * p
+    local d = 0
+    if s and s[1] == 'G' and s[2] >= now then d = (s[2] - now) * a + s[3] end
+    local nd = d + cost * p
+    if nd <= tolerance then
+      local reset = cdiv(nd, a)
+      local q = idiv(nd, a)
+      return 0, 0, idiv(tolerance - nd, p), reset, 0, { 'G', now + q, nd - q * a, p = par }, max(reset, 1)
+    end
+    return 2, 0, idiv(max(0, tolerance - d), p), cdiv(d, a), cdiv(nd - tolerance, a)
+  end
+
+  algorithms.K = function(s, rate, burst, delay, cost, par)
+    local burst_m, cost_m = burst * 1000, 1000 * cost
+    local stored, last
+    if s and s[1] == 'K' then stored, last = s[2], s[3] end
+    local excess, ms
+    if stored then
+      ms = now - last
+      if ms < 0 then ms = 0 end
+      -- past a full drain the result is 0 however long it was
       excess = 0
+      if ms <= cdiv((stored + cost_m) * 1000, rate) then
+        excess = stored - idiv(rate * ms, 1000) + cost_m
+        if excess < 0 then excess = 0 end
+      end
     else
-      excess = max(0, stored - idiv(rate * ms, 1000) + cost_m)
+      excess, stored, ms = cost_m - 1000, 0, 0
     end
-  else
-    excess, stored, ms = cost_m - 1000, 0, 0
+    if excess > burst_m then
+      local total = cdiv((stored + cost_m - burst_m) * 1000, rate)
+      return 2, 0, 0, cdiv(stored * 1000, rate), max(total - ms, 1)
+    end
+    local wait = 0
+    if delay >= 0 and excess > delay * 1000 then
+      wait = idiv((excess - delay * 1000) * 1000, rate)
+    end
+    if not (last and now <= last) then last = now end
+    local reset = cdiv(excess * 1000, rate)
+    return (wait > 0) and 1 or 0, wait, idiv(burst_m - excess, 1000), reset, 0,
+      { 'K', excess, last, p = par }, (reset > 60000) and reset or 60000
   end
-  if excess > burst_m then
-    local total = cdiv((stored + cost_m - burst_m) * 1000, rate)
-    return 2, 0, 0, cdiv(stored * 1000, rate), max(total - ms, 1)
-  end
-  local wait = 0
-  if delay >= 0 and excess > delay * 1000 then
-    wait = idiv((excess - delay * 1000) * 1000, rate)
-  end
-  if not (last and now <= last) then last = now end
-  local reset = cdiv(excess * 1000, rate)
-  return (wait > 0) and 1 or 0, wait, idiv(burst_m - excess, 1000), reset, 0,
-    { 'K', excess, last }, max(60000, reset)
-end
 
--- Several requests may come in one call (a batch): they are decided one
--- after the other, as separate calls would, but each key is read once and
--- written once, with the TTL of its last charge.
-local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
-local cached, ttls = {}, {}
-local function state(key)
-  local v = cached[key]
-  if v == nil then
-    v = decode(redis.call('GET', key))
-    cached[key] = v
+  -- Several requests may come in one call (a batch): they are decided one
+  -- after the other, as separate calls would, but each key is read once and
+  -- written once, with the TTL of its last charge.
+  local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
+  local cached, ttls = {}, {}
+  local function state(key)
+    local v = cached[key]
+    if v == nil then
+      v = decode(redis.call('GET', key))
+      cached[key] = v
+    end
+    return v
   end
-  return v
-end
 
-local pack = struct.pack
-local out, o = { pack('>i8', now) }, 1 -- the answer's pieces, and how many
-local key = 1 -- next KEYS
--- Requests on one route share their spec: each distinct spec is parsed once.
-local parsed = {}
-local function parse(spec)
-  -- par: a check's numbers as one table, shared by every state it
-  -- writes (never changed in place)
-  local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, par = {}, cost = {}, peek = {}, grp = {}, dry = {} }
-  for a, b, c, d, e, f, g, h in string.gmatch(spec,
-      '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
-    local n = p.n + 1
-    p.n = n
-    p.tag[n] = TAGS[tonumber(a)]
-    p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
-      algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
-    p.peek[n], p.grp[n], p.dry[n] = f, g, h
-    p.par[n] = { p.p1[n], p.p2[n], p.p3[n] }
-  end
-  parsed[spec] = p
-  return p
-end
--- A group's writes, kept until it is known to be admitted (reused from
--- group to group: only the first nw entries count).
-local wname, wstate, wttl = {}, {}, {}
-for r = 2, #ARGV do
-  local p = parsed[ARGV[r]] or parse(ARGV[r])
-  local n, tag, alg, p1, p2, p3, cost = p.n, p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
-  local par, peek, grp, dry = p.par, p.peek, p.grp, p.dry
-  o = o + 1
-  local count_at = o
-  out[o] = '' -- the count, once known
-  local decided = 0
-  local i = 1
-  while i <= n do
-    -- the group: checks i..j with the same group number and dry-run flag
-    local j = i
-    while j < n and grp[j + 1] == grp[i] and dry[j + 1] == dry[i] do j = j + 1 end
-    local ok = true
-    local nw = 0
-    for k = i, j do
-      local name = KEYS[key + k - 1]
-      local st = state(name)
-      local was = st and st.p
-      if was and st[1] == tag[k] and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
-        st = rescale[tag[k]](st, was, par[k])
-        st.p = par[k]
-        cached[name] = st
+  -- Requests on one route share their spec: each distinct spec is parsed
+  -- once (once per call as a script; kept across calls as a function, up
+  -- to 1000 of them: a reload brings new ones).
+  local parsed, nparsed = {}, 0
+  local function parse(spec)
+    -- Per check, its fields; par: its numbers as one table, shared by every
+    -- state it writes (never changed in place). Per group (consecutive
+    -- checks with the same group number and dry-run flag): its first and
+    -- last check, and whether it is a dry run.
+    local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, par = {}, cost = {}, peek = {},
+      groups = 0, first = {}, last = {}, dry = {} }
+    local group, dry
+    for a, b, c, d, e, f, g, h in string.gmatch(spec,
+        '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
+      local n = p.n + 1
+      p.n = n
+      p.tag[n] = TAGS[tonumber(a)]
+      p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
+        algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
+      p.peek[n] = f == '1'
+      p.par[n] = { p.p1[n], p.p2[n], p.p3[n] }
+      if g ~= group or h ~= dry then
+        group, dry = g, h
+        p.groups = p.groups + 1
+        p.first[p.groups], p.dry[p.groups] = n, h == '1'
       end
-      local verdict, wait, remaining, reset, retry, new, ttl =
-        alg[k](st, p1[k], p2[k], p3[k], cost[k])
+      p.last[p.groups] = n
+    end
+    if nparsed == 1000 then parsed, nparsed = {}, 0 end
+    parsed[spec], nparsed = p, nparsed + 1
+    return p
+  end
+  -- A group's writes, kept until it is known to be admitted (reused from
+  -- group to group: only the first nw entries count).
+  local wname, wstate, wttl = {}, {}, {}
+  -- The answer is packed 50 numbers to a struct.pack call.
+  local pack, unpack, rep = struct.pack, unpack, string.rep
+  local CHUNK = 50
+  local full = '>' .. rep('i8', CHUNK)
+
+  return function(KEYS, ARGV)
+    now = tonumber(ARGV[1])
+    -- A pinned clock (tests replaying traces) is not Redis's: a key must
+    -- not expire on Redis's own clock while the trace's time still needs
+    -- it, so pinned runs keep keys an hour (a key kept past its TTL
+    -- decides exactly like a new one).
+    min_ttl = 3600000
+    if now == 0 then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+      min_ttl = 1
+    end
+    cached, ttls = {}, {}
+    local out, o = { now }, 1 -- the answer's numbers, and how many
+    local key = 0 -- KEYS used so far
+    for r = 2, #ARGV do
+      local p = parsed[ARGV[r]] or parse(ARGV[r])
+      local tag, alg, p1, p2, p3, cost = p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
+      local par, peek, first, last = p.par, p.peek, p.first, p.last
       o = o + 1
-      out[o] = pack('>i8i8i8i8i8', verdict, wait, remaining, reset, retry)
-      if verdict == 2 then ok = false
-      elseif peek[k] ~= '1' then
-        new.p = par[k]
-        nw = nw + 1
-        wname[nw], wstate[nw], wttl[nw] = name, new, ttl
+      local count_at = o
+      local decided = 0
+      for g = 1, p.groups do
+        local ok, nw = true, 0
+        for k = first[g], last[g] do
+          local name = KEYS[key + k]
+          local st = cached[name]
+          if st == nil then st = state(name) end
+          local was = st and st.p
+          if was and was ~= par[k] and st[1] == tag[k]
+              and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
+            st = rescale[tag[k]](st, was, par[k])
+            st.p = par[k]
+            cached[name] = st
+          end
+          local verdict, wait, remaining, reset, retry, new, ttl =
+            alg[k](st, p1[k], p2[k], p3[k], cost[k], par[k])
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+            verdict, wait, remaining, reset, retry
+          o = o + 5
+          if verdict == 2 then ok = false
+          elseif not peek[k] then
+            nw = nw + 1
+            wname[nw], wstate[nw], wttl[nw] = name, new, ttl
+          end
+        end
+        decided = last[g]
+        if ok then
+          for w = 1, nw do
+            cached[wname[w]] = wstate[w]
+            ttls[wname[w]] = wttl[w]
+          end
+        elseif not p.dry[g] then
+          break
+        end
       end
+      out[count_at] = decided
+      key = key + p.n
     end
-    decided = decided + j - i + 1
-    if ok then
-      for w = 1, nw do
-        cached[wname[w]] = wstate[w]
-        ttls[wname[w]] = wttl[w]
-      end
+    for name, ttl in pairs(ttls) do
+      redis.call('SET', name, encode(cached[name]), 'PX', max(min_ttl, ttl))
     end
-    if not ok and dry[i] ~= '1' then break end
-    i = j + 1
+    local pieces = {}
+    for first = 1, o, CHUNK do
+      local last = min(first + CHUNK - 1, o)
+      local fmt = (last - first + 1 == CHUNK) and full or '>' .. rep('i8', last - first + 1)
+      pieces[#pieces + 1] = pack(fmt, unpack(out, first, last))
+    end
+    return table.concat(pieces)
   end
-  out[count_at] = pack('>i8', decided)
-  key = key + n
 end
-for name, ttl in pairs(ttls) do
-  redis.call('SET', name, encode(cached[name]), 'PX', max(min_ttl, ttl))
-end
-return table.concat(out)

@@ -2,9 +2,10 @@
 //!
 //! - Every algorithm runs inside one Lua script (`decide.lua`) that decides
 //!   all the limits of a request atomically, clocked by Redis `TIME`, and
-//!   writes every key with a TTL in the same step. It is sent by `EVALSHA`;
-//!   after a restart or `SCRIPT FLUSH` the `NOSCRIPT` answer makes the
-//!   client load it once more and retry.
+//!   writes every key with a TTL in the same step. It is called as a Redis
+//!   function where the server has them, else by `EVALSHA` ([`function`]);
+//!   after a restart or a flush the "not found" answer makes the client load
+//!   it once more and retry.
 //! - Keys are `<prefix>{<key>}:<limit>`, e.g. `tollgate:{ip:203.0.113.7}:api`:
 //!   the client key is the hash tag, so on Redis Cluster all limits of one
 //!   client key share a slot.
@@ -25,6 +26,7 @@
 mod batch;
 mod cache;
 mod conn;
+mod function;
 mod resets;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +42,7 @@ use crate::clock::Clock;
 use batch::{Batcher, Job};
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::{Link, Target};
+use function::Decide;
 
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
@@ -87,7 +90,7 @@ pub fn redact_url(url: &str) -> String {
 
 pub struct RedisStore {
     link: Arc<Link>,
-    decide: Script,
+    decide: Arc<Decide>,
     refund: Script,
     prefix: String,
     /// Per limit (zone index): the key suffix, its name when unique.
@@ -150,7 +153,7 @@ impl RedisStore {
             _ => None,
         };
         let calls = Arc::new(AtomicU64::new(0));
-        let decide = Script::new(DECIDE);
+        let decide = Arc::new(Decide::new(DECIDE));
         let store = RedisStore {
             link: link.clone(),
             decide: decide.clone(),
@@ -210,6 +213,14 @@ impl RedisStore {
         self.cluster
     }
 
+    /// How decisions reach Redis: `"function"` (a function library, Redis
+    /// 7 and later), `"script"` (`EVALSHA`), or `None` before the first.
+    pub fn sent_as(&self) -> Option<&'static str> {
+        self.decide
+            .as_function()
+            .map(|f| if f { "function" } else { "script" })
+    }
+
     /// Script calls sent to Redis so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
@@ -231,7 +242,11 @@ impl RedisStore {
                 .arg("server")
                 .query_async(&mut conn)
                 .await?;
-            self.decide.prepare_invoke().load_async(&mut conn).await?;
+            self.decide
+                .script()
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await?;
             Ok::<_, redis::RedisError>(info)
         };
         let info = tokio::time::timeout(Duration::from_secs(5), ping)
