@@ -255,8 +255,8 @@ fn check_store(config: &Config) -> ExitCode {
         match engine.redis() {
             None => Ok("memory (nothing to connect to)".to_owned()),
             Some(redis) => {
-                let version = redis.check_connection().await?;
-                Ok(format!("Redis {version}: connected, script loaded"))
+                let (version, loaded) = redis.check_connection().await?;
+                Ok(format!("Redis {version}: connected, {loaded}"))
             }
         }
     });

@@ -281,9 +281,14 @@ fn check_connect_reaches_redis_or_says_why_not() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("store: Redis "), "{stdout}");
-    assert!(stdout.contains("connected, script loaded"), "{stdout}");
+    assert!(
+        stdout.contains("connected, script and function loaded"),
+        "{stdout}"
+    );
     let memory = redis.cli(&["INFO", "memory"]);
     assert!(memory.contains("number_of_cached_scripts:1"), "{memory}");
+    let libraries = redis.cli(&["FUNCTION", "LIST"]);
+    assert!(libraries.contains("tollgate_decide_"), "{libraries}");
 
     // A dead port: exit 1 with the reason, and never the password.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

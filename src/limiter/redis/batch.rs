@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::conn::{Conn, Link};
-use super::function::Decide;
+use super::function::{evalsha_loading, Decide};
 
 /// Requests in one script call at most.
 const MAX_BATCH: usize = 64;
@@ -189,16 +189,7 @@ pub async fn evalsha<T: redis::FromRedisValue>(
     cmd: &redis::Cmd,
     timeout: Duration,
 ) -> Result<T, Failure> {
-    let call = async {
-        match cmd.query_async::<T>(conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.prepare_invoke().load_async(conn).await?;
-                cmd.query_async::<T>(conn).await
-            }
-            other => other,
-        }
-    };
-    bounded(call, timeout).await
+    bounded(evalsha_loading(conn, script, cmd), timeout).await
 }
 
 /// `call` within `timeout`, its error as a [`Failure`].

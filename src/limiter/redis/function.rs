@@ -89,13 +89,7 @@ impl Decide {
                 }
                 Err(e) => return Err(e),
             }
-            let loaded = redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(&self.library)
-                .query_async::<String>(conn)
-                .await;
-            match loaded {
+            match self.load(conn).await {
                 Ok(_) => {
                     self.set(YES);
                     return fcall.query_async(conn).await;
@@ -111,13 +105,18 @@ impl Decide {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(self.script.get_hash());
         operands(&mut evalsha);
-        match evalsha.query_async(conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.prepare_invoke().load_async(conn).await?;
-                evalsha.query_async(conn).await
-            }
-            other => other,
-        }
+        evalsha_loading(conn, &self.script, &evalsha).await
+    }
+
+    /// `FUNCTION LOAD REPLACE` of the library (the caller bounds it in time).
+    pub async fn load(&self, conn: &mut Conn) -> Result<(), RedisError> {
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.library)
+            .query_async::<String>(conn)
+            .await
+            .map(drop)
     }
 
     fn set(&self, to: u8) {
@@ -127,6 +126,22 @@ impl Decide {
                 tracing::debug!(function = %self.function, "rate-limit store: decisions run as a Redis function");
             }
         }
+    }
+}
+
+/// Sends `cmd`, an `EVALSHA` of `script`; after `NOSCRIPT` (a restart, a
+/// `SCRIPT FLUSH`) loads the script and sends it once more.
+pub async fn evalsha_loading<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    cmd: &Cmd,
+) -> Result<T, RedisError> {
+    match cmd.query_async::<T>(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            cmd.query_async::<T>(conn).await
+        }
+        other => other,
     }
 }
 

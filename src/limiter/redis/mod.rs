@@ -226,8 +226,10 @@ impl RedisStore {
         self.calls.load(Ordering::Relaxed)
     }
 
-    /// `PING`, then loads the script: what `tollgate check --connect` runs.
-    pub async fn check_connection(&self) -> Result<String, ConnectError> {
+    /// `INFO`, then loads the script and (one node) the function library:
+    /// what `tollgate check --connect` runs. The server's version, and what
+    /// was loaded.
+    pub async fn check_connection(&self) -> Result<(String, String), ConnectError> {
         let mut conn = match self.link.get() {
             Ok((_, c)) => c,
             Err(_) => self
@@ -247,9 +249,21 @@ impl RedisStore {
                 .prepare_invoke()
                 .load_async(&mut conn)
                 .await?;
-            Ok::<_, redis::RedisError>(info)
+            let loaded = if self.cluster {
+                "script loaded (a cluster decides by EVALSHA)".to_owned()
+            } else {
+                match self.decide.load(&mut conn).await {
+                    Ok(()) => "script and function loaded".to_owned(),
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => format!(
+                        "script loaded; FUNCTION LOAD refused ({}), so decisions go by EVALSHA",
+                        describe(&e)
+                    ),
+                    Err(e) => return Err(e),
+                }
+            };
+            Ok::<_, redis::RedisError>((info, loaded))
         };
-        let info = tokio::time::timeout(Duration::from_secs(5), ping)
+        let (info, loaded) = tokio::time::timeout(Duration::from_secs(5), ping)
             .await
             .map_err(|_| "Redis did not answer within 5s".to_owned())?
             .map_err(|e| describe(&e))?;
@@ -259,7 +273,7 @@ impl RedisStore {
             .unwrap_or("unknown")
             .trim()
             .to_owned();
-        Ok(version)
+        Ok((version, loaded))
     }
 
     /// The Redis key of one check.
