@@ -356,3 +356,54 @@ async fn a_changed_limit_reads_old_state_rescaled_on_every_algorithm() {
     }
     assert_eq!(ran, 18);
 }
+
+/// A Redis user whose ACL allows scripts but not functions (as a managed
+/// Redis may): decisions go by `EVALSHA`, exactly as by `FCALL`.
+#[tokio::test]
+async fn a_user_without_functions_decides_by_script_alike() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "ACL",
+        "SETUSER",
+        "scripts",
+        "on",
+        ">only-scripts-pass",
+        "~tollgate:*",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+set",
+        "+time",
+        "+ping",
+    ]);
+    let limit = fixed_window("acl", 5, 3_600_000);
+    let url = server
+        .url()
+        .replace("redis://", "redis://scripts:only-scripts-pass@");
+    let (scripts, _) = RedisStore::connect(
+        &options(url, false),
+        &zones(std::slice::from_ref(&limit)),
+        &Clock::system(),
+    )
+    .await
+    .unwrap();
+    let functions = connect_one(&server, &limit).await;
+    assert_eq!(scripts.sent_as(), None, "before the first decision");
+    // The two stores share the key: each admits in turn until 5.
+    let mut remaining = Vec::new();
+    for i in 0..6 {
+        let store = if i % 2 == 0 { &scripts } else { &functions };
+        let outcome = store.decide(&[Check::new(&limit, "k", 1)]).await.unwrap();
+        remaining.push(
+            outcome.decisions[0]
+                .admitted()
+                .then_some(outcome.decisions[0].remaining),
+        );
+    }
+    assert_eq!(
+        remaining,
+        [Some(4), Some(3), Some(2), Some(1), Some(0), None]
+    );
+    assert_eq!(scripts.sent_as(), Some("script"));
+    assert_eq!(functions.sent_as(), Some("function"));
+}
