@@ -16,7 +16,7 @@
 //!   refuses to load it (no functions before Redis 7, a rename, an ACL
 //!   without `FUNCTION`) is sent the script from then on, until restart.
 //! - A cluster is always sent the script: a library would have to be
-//!   loaded on every primary, and `EVALSHA` already is.
+//!   loaded on every primary, and found missing on each separately.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
