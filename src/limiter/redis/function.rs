@@ -89,17 +89,8 @@ impl Decide {
                 }
                 Err(e) => return Err(e),
             }
-            match self.load(conn).await {
-                Ok(_) => {
-                    self.set(YES);
-                    return fcall.query_async(conn).await;
-                }
-                // The server answered no: it is sent the script instead.
-                Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
-                    tracing::info!(error = %e, "rate-limit store: Redis did not load the decide function; decisions are sent as a script (EVALSHA) instead, which costs Redis more per call");
-                    self.set(NO);
-                }
-                Err(e) => return Err(e),
+            if self.load(conn).await?.is_none() {
+                return fcall.query_async(conn).await;
             }
         }
         let mut evalsha = redis::cmd("EVALSHA");
@@ -108,15 +99,32 @@ impl Decide {
         evalsha_loading(conn, &self.script, &evalsha).await
     }
 
-    /// `FUNCTION LOAD REPLACE` of the library (the caller bounds it in time).
-    pub async fn load(&self, conn: &mut Conn) -> Result<(), RedisError> {
-        redis::cmd("FUNCTION")
+    /// `FUNCTION LOAD REPLACE` of the library (the caller bounds it in
+    /// time): `None` once loaded; why, when the server refused it (no
+    /// functions, a rename, an ACL), and calls go by script from then on.
+    /// An error is the connection's.
+    pub async fn load(&self, conn: &mut Conn) -> Result<Option<String>, RedisError> {
+        let loaded = redis::cmd("FUNCTION")
             .arg("LOAD")
             .arg("REPLACE")
             .arg(&self.library)
             .query_async::<String>(conn)
-            .await
-            .map(drop)
+            .await;
+        match loaded {
+            Ok(_) => {
+                self.set(YES);
+                Ok(None)
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
+                let why = super::describe(&e);
+                if self.functions.load(Ordering::Relaxed) != NO {
+                    tracing::info!(error = %why, "rate-limit store: Redis did not load the decide function; decisions are sent as a script (EVALSHA) instead, which costs Redis more per call");
+                }
+                self.set(NO);
+                Ok(Some(why))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn set(&self, to: u8) {

@@ -252,13 +252,11 @@ impl RedisStore {
             let loaded = if self.cluster {
                 "script loaded (a cluster decides by EVALSHA)".to_owned()
             } else {
-                match self.decide.load(&mut conn).await {
-                    Ok(()) => "script and function loaded".to_owned(),
-                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => format!(
-                        "script loaded; FUNCTION LOAD refused ({}), so decisions go by EVALSHA",
-                        describe(&e)
+                match self.decide.load(&mut conn).await? {
+                    None => "script and function loaded".to_owned(),
+                    Some(why) => format!(
+                        "script loaded; FUNCTION LOAD refused ({why}), so decisions go by EVALSHA"
                     ),
-                    Err(e) => return Err(e),
                 }
             };
             Ok::<_, redis::RedisError>((info, loaded))
@@ -702,9 +700,15 @@ fn single_client(url: &str, options: &RedisOptions) -> redis::RedisResult<redis:
 }
 
 /// A Redis error in words, without anything from the URL.
+/// (Server errors redis-rs has no category for, such as NOPERM, are named
+/// by their code.)
 fn describe(e: &redis::RedisError) -> String {
+    let name = match e.category() {
+        "" => e.code().unwrap_or("error"),
+        category => category,
+    };
     match e.detail() {
-        Some(d) => format!("{}: {d}", e.category()),
+        Some(d) => format!("{name}: {d}"),
         None => e.to_string(),
     }
 }
