@@ -407,3 +407,126 @@ async fn a_user_without_functions_decides_by_script_alike() {
     assert_eq!(scripts.sent_as(), Some("script"));
     assert_eq!(functions.sent_as(), Some("function"));
 }
+
+/// decide.lua's answer: now, then per request its count and 5 numbers per
+/// decided check. The verdicts (0 allow, 1 delay, 2 reject) of each.
+fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
+    let numbers: Vec<i64> = answer
+        .chunks_exact(8)
+        .map(|w| i64::from_be_bytes(w.try_into().unwrap()))
+        .collect();
+    let mut rest = &numbers[1..];
+    let mut out = Vec::new();
+    while let Some((&count, tail)) = rest.split_first() {
+        let count = count as usize;
+        out.push(tail[..count * 5].iter().step_by(5).copied().collect());
+        rest = &tail[count * 5..];
+    }
+    out
+}
+
+/// One client's requests in a row reach the script as a run ("*<n>", then
+/// their checks, their keys once). Decided straight by the script, on a
+/// pinned clock: a run answers exactly as the same requests listed one by
+/// one, on every algorithm, for a zone with an all-or-nothing group and a
+/// dry-run group, and between other requests; as a function (kept from
+/// call to call) and as a script.
+#[tokio::test]
+async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
+    let server = RedisServer::start();
+    let source = include_str!("../../src/limiter/redis/decide.lua");
+    // As function.rs loads it.
+    let library = format!(
+        "#!lua name=runs_test\n{source}\nlocal decide\nredis.register_function('runs_decide', function(keys, args)\n  decide = decide or make()\n  return decide(keys, args)\nend)\n"
+    );
+    let script = format!("{source}\nreturn make()(KEYS, ARGV)\n");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query_async(&mut conn)
+        .await
+        .expect("loads the library");
+    // (checks, keys per request): limits of 3, with a minute to refill
+    let specs: [(&str, usize); 8] = [
+        ("1,3,60000,0,1,0,0,0;", 1),
+        ("2,3,60000,0,1,0,0,0;", 1),
+        ("3,3,60000,0,1,0,0,0;", 1),
+        ("4,1,60000,3,1,0,0,0;", 1),
+        ("5,1,60000,3,1,0,0,0;", 1),
+        // nginx's: 1r/m burst 2, nodelay, then delay 1
+        ("6,16,2,-1,1,0,0,0;", 1),
+        ("6,16,2,1,1,0,0,0;", 1),
+        // a zone, a group of two, a dry-run group
+        (
+            "6,16,5,-1,1,0,0,0;1,4,60000,0,1,0,1,0;1,2,60000,0,1,0,1,0;1,1,60000,0,1,0,2,1;",
+            4,
+        ),
+    ];
+    let now = 1_800_000_000_000u64;
+    let mut seen = [0usize; 3];
+    for (form, call) in [("function", "FCALL"), ("script", "EVAL")] {
+        for (i, &(spec, nkeys)) in specs.iter().enumerate() {
+            let (other, other_keys) = specs[(i + 1) % specs.len()];
+            // This spec 3 times, the other once, this 4 times; then, a
+            // second later, this twice: a smaller call after a larger one.
+            let calls: [(&[(usize, bool)], u64); 2] = [
+                (&[(3, true), (1, false), (4, true)], 0),
+                (&[(2, true)], 1000),
+            ];
+            for (step, (requests, later)) in calls.into_iter().enumerate() {
+                let mut answers = Vec::new();
+                for runs in [false, true] {
+                    let keys = |who: &str, n: usize| -> Vec<String> {
+                        (0..n)
+                            .map(|k| format!("runs:{form}:{i}:{runs}:{who}:{k}"))
+                            .collect()
+                    };
+                    let (me, them) = (keys("me", nkeys), keys("other", other_keys));
+                    let mut all_keys = Vec::new();
+                    let mut args = vec![(now + later).to_string()];
+                    for &(n, mine) in requests {
+                        let (k, checks) = if mine { (&me, spec) } else { (&them, other) };
+                        let mut listed = n;
+                        if runs && n > 1 {
+                            args.push(format!("*{n}"));
+                            listed = 1;
+                        }
+                        for _ in 0..listed {
+                            args.push(checks.to_owned());
+                            all_keys.extend(k.iter().cloned());
+                        }
+                    }
+                    let mut cmd = redis::cmd(call);
+                    cmd.arg(if call == "FCALL" {
+                        "runs_decide"
+                    } else {
+                        &script
+                    });
+                    cmd.arg(all_keys.len()).arg(&all_keys).arg(&args);
+                    let answer: Vec<u8> = cmd
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or_else(|e| panic!("{form}, {spec}, runs {runs}: {e}"));
+                    answers.push(answer);
+                }
+                let (one_by_one, runs) = (&answers[0], &answers[1]);
+                assert_eq!(
+                    verdicts(runs),
+                    verdicts(one_by_one),
+                    "{form}, {spec}, call {step}: verdicts"
+                );
+                assert_eq!(
+                    runs, one_by_one,
+                    "{form}, {spec}, call {step}: every number"
+                );
+                for v in verdicts(one_by_one).into_iter().flatten() {
+                    seen[v as usize] += 1;
+                }
+            }
+        }
+    }
+    // The requests were admitted, delayed and refused.
+    assert!(seen.iter().all(|&n| n > 0), "verdicts seen: {seen:?}");
+}

@@ -3,8 +3,9 @@
 //! `MAX_BATCH`). Under light load every request goes alone, at once; under
 //! heavy load Redis runs one script per batch, reads each key once and
 //! writes it once, so a hot key costs one GET and one SET per batch instead
-//! of per request. Decisions are exactly those of separate calls, made one
-//! after the other in queue order within one atomic script run.
+//! of per request, and one client's requests in a row go as one run (their
+//! keys and checks once). Decisions are exactly those of separate calls,
+//! made one after the other in queue order within one atomic script run.
 //!
 //! Only for a single Redis node: on a cluster a batch would cross slots.
 
@@ -34,6 +35,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// The same keys and checks: one client's requests on one route.
+    fn same(&self, other: &Job) -> bool {
+        self.spec == other.spec && self.ends == other.ends && self.keys == other.keys
+    }
+
     /// The Redis key of each check, in order.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
@@ -152,23 +158,33 @@ async fn invoke(
     jobs: &[Job],
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
-    let keys: usize = jobs.iter().map(|j| j.ends.len()).sum();
-    let operands = |cmd: &mut redis::Cmd| {
-        cmd.arg(keys);
-        for job in jobs {
-            for key in job.keys() {
-                cmd.arg(key);
-            }
-        }
-        cmd.arg(now);
-        for job in jobs {
-            cmd.arg(&job.spec);
-        }
-    };
+    let operands = |cmd: &mut redis::Cmd| operands(cmd, now, jobs);
     let reply = bounded(decide.call(conn, operands), timeout).await?;
     numbers(&reply)
         .and_then(|values| split(&values, jobs))
         .ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
+}
+
+/// Appends the number of keys, the keys and the arguments of one call.
+/// Jobs alike in a row (one client's burst: a flood, a NAT, a busy API
+/// client) go as a run: their keys once, their spec once after "*<n>".
+/// The script decides each of them as before; Redis is spared making
+/// their arguments, about a quarter of what a request costs it.
+fn operands(cmd: &mut redis::Cmd, now: u64, jobs: &[Job]) {
+    let keys: usize = jobs.chunk_by(Job::same).map(|run| run[0].ends.len()).sum();
+    cmd.arg(keys);
+    for run in jobs.chunk_by(Job::same) {
+        for key in run[0].keys() {
+            cmd.arg(key);
+        }
+    }
+    cmd.arg(now);
+    for run in jobs.chunk_by(Job::same) {
+        if run.len() > 1 {
+            cmd.arg(format!("*{}", run.len()));
+        }
+        cmd.arg(&run[0].spec);
+    }
 }
 
 /// The script's answer, 8-byte big-endian integers, as numbers.
@@ -243,6 +259,42 @@ mod tests {
         for bad in [&whole[..0], &whole[..7], &whole[..whole.len() - 1]] {
             assert_eq!(numbers(bad), None, "{} bytes", bad.len());
         }
+    }
+
+    #[test]
+    fn jobs_alike_in_a_row_go_once_after_their_count() {
+        let job = |keys: &[&str], spec: &str| Job {
+            keys: keys.concat(),
+            ends: keys
+                .iter()
+                .scan(0, |end, k| {
+                    *end += k.len();
+                    Some(*end)
+                })
+                .collect(),
+            spec: spec.to_owned(),
+        };
+        let zone = "6,1000,5,-1,1,0,0,0;";
+        let two = "6,1000,5,-1,1,0,0,0;1,10,60000,0,1,0,1,0;";
+        let a = || job(&["ip:a"], zone);
+        let c = || job(&["ip:a", "u:1"], two);
+        // The same keys split elsewhere are other checks: not alike.
+        let c_split = job(&["ip:au", ":1"], two);
+        let jobs = [a(), a(), a(), job(&["ip:b"], zone), a(), c(), c(), c_split];
+        let mut cmd = redis::cmd("FCALL");
+        operands(&mut cmd, 0, &jobs);
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "(a cursor)".to_owned(),
+            })
+            .collect();
+        let expect = [
+            "FCALL", "7", "ip:a", "ip:b", "ip:a", "ip:a", "u:1", "ip:au", ":1", "0", "*3", zone,
+            zone, zone, "*2", two, two,
+        ];
+        assert_eq!(args, expect);
     }
 
     #[test]

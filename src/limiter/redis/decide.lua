@@ -10,7 +10,10 @@
 -- ARGV[1]: the clock in ms, or 0 for Redis TIME (tests pin it).
 -- ARGV[2...]: one per request, its checks "c;c;...", each check
 --   "algorithm,p1,p2,p3,cost,peek,group,dry": algorithm 1-6 (F S L B G K),
---   peek 1 = decide but never charge, dry 1 = a dry-run group.
+--   peek 1 = decide but never charge, dry 1 = a dry-run group. A request
+--   repeated n times in a row (the same keys, the same checks: one
+--   client's burst) comes once, after an argument "*<n>", with its keys
+--   once; it is decided n times, as n separate requests would be.
 -- Consecutive checks of one group are all or nothing; when an enforced
 -- group rejects, later groups of that request are not decided.
 -- Returns one string of 8-byte big-endian integers (struct.pack, read back
@@ -247,17 +250,26 @@ local function make()
   end
 
   algorithms.K = function(s, rate, burst, delay, cost, par)
+    -- idiv and cdiv written out: this is nginx's limit_req, the usual zone
     local burst_m, cost_m = burst * 1000, 1000 * cost
     local stored, last
     if s and s[1] == 'K' then stored, last = s[2], s[3] end
-    local excess, ms
+    local excess, ms, q, x
     if stored then
       ms = now - last
       if ms < 0 then ms = 0 end
-      -- past a full drain the result is 0 however long it was
+      -- past a full drain the result is 0 however long it was:
+      -- ms <= cdiv((stored + cost_m) * 1000, rate)
       excess = 0
-      if ms <= cdiv((stored + cost_m) * 1000, rate) then
-        excess = stored - idiv(rate * ms, 1000) + cost_m
+      x = (stored + cost_m) * 1000
+      q = (x + -x % rate) / rate
+      if q * rate < x then q = q + 1 elseif (q - 1) * rate >= x then q = q - 1 end
+      if ms <= q then
+        -- idiv(rate * ms, 1000)
+        x = rate * ms
+        q = (x - x % 1000) / 1000
+        if q * 1000 > x then q = q - 1 elseif (q + 1) * 1000 <= x then q = q + 1 end
+        excess = stored - q + cost_m
         if excess < 0 then excess = 0 end
       end
     else
@@ -272,8 +284,14 @@ local function make()
       wait = idiv((excess - delay * 1000) * 1000, rate)
     end
     if not (last and now <= last) then last = now end
-    local reset = cdiv(excess * 1000, rate)
-    return (wait > 0) and 1 or 0, wait, idiv(burst_m - excess, 1000), reset, 0,
+    -- reset = cdiv(excess * 1000, rate), left = idiv(burst_m - excess, 1000)
+    x = excess * 1000
+    local reset = (x + -x % rate) / rate
+    if reset * rate < x then reset = reset + 1 elseif (reset - 1) * rate >= x then reset = reset - 1 end
+    x = burst_m - excess
+    local left = (x - x % 1000) / 1000
+    if left * 1000 > x then left = left - 1 elseif (left + 1) * 1000 <= x then left = left + 1 end
+    return (wait > 0) and 1 or 0, wait, left, reset, 0,
       { 'K', excess, last, p = par }, (reset > 60000) and reset or 60000
   end
 
@@ -296,12 +314,19 @@ local function make()
   -- to 1000 of them: a reload brings new ones).
   local parsed, nparsed = {}, 0
   local function parse(spec)
+    -- a run's count ("*<n>"; n is at most a batch, 64): kept like a spec
+    local run = match(spec, '^%*(%d+)$')
+    if run then
+      run = { run = tonumber(run) }
+      parsed[spec] = run
+      return run
+    end
     -- Per check, its fields; par: its numbers as one table, shared by every
     -- state it writes (never changed in place). Per group (consecutive
     -- checks with the same group number and dry-run flag): its first and
-    -- last check, and whether it is a dry run.
+    -- last check, whether it is a dry run, and whether it is one check.
     local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, par = {}, cost = {}, peek = {},
-      groups = 0, first = {}, last = {}, dry = {} }
+      groups = 0, first = {}, last = {}, dry = {}, alone = {} }
     local group, dry
     for a, b, c, d, e, f, g, h in string.gmatch(spec,
         '(%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%d+),(%d),(%d+),(%d)') do
@@ -319,6 +344,7 @@ local function make()
       end
       p.last[p.groups] = n
     end
+    for g = 1, p.groups do p.alone[g] = p.first[g] == p.last[g] end
     if nparsed == 1000 then parsed, nparsed = {}, 0 end
     parsed[spec], nparsed = p, nparsed + 1
     return p
@@ -326,11 +352,26 @@ local function make()
   -- A group's writes, kept until it is known to be admitted (reused from
   -- group to group: only the first nw entries count).
   local wname, wstate, wttl = {}, {}, {}
-  -- The answer is packed 50 numbers to a struct.pack call.
+  -- The answer is packed up to 200 numbers to a struct.pack call (Redis
+  -- hashes every string a script makes, byte by byte: an answer that fits
+  -- one call is returned as it is, not joined). Formats are made once.
   local pack, unpack, rep = struct.pack, unpack, string.rep
-  local CHUNK = 50
-  local full = '>' .. rep('i8', CHUNK)
+  local CHUNK = 200
+  local fmts = {}
+  local function packed(out, first, last)
+    local n = last - first + 1
+    local fmt = fmts[n]
+    if not fmt then
+      fmt = '>' .. rep('i8', n)
+      fmts[n] = fmt
+    end
+    return pack(fmt, unpack(out, first, last))
+  end
 
+  -- The answer's numbers, kept from call to call (a table that grows
+  -- anew each call costs Redis more than the decisions); entries past a
+  -- call's count are left from earlier calls and never read.
+  local out = {}
   return function(KEYS, ARGV)
     now = tonumber(ARGV[1])
     -- A pinned clock (tests replaying traces) is not Redis's: a key must
@@ -344,60 +385,78 @@ local function make()
       min_ttl = 1
     end
     cached, ttls = {}, {}
-    local out, o = { now }, 1 -- the answer's numbers, and how many
+    local o = 1 -- numbers in the answer so far
+    out[1] = now
     local key = 0 -- KEYS used so far
-    for r = 2, #ARGV do
+    local r, nargs = 2, #ARGV
+    while r <= nargs do
+      -- "*<n>": the next request comes n times in a row, its keys once
       local p = parsed[ARGV[r]] or parse(ARGV[r])
+      local reps = p.run
+      if reps then
+        r = r + 1
+        p = parsed[ARGV[r]] or parse(ARGV[r])
+      else
+        reps = 1
+      end
       local tag, alg, p1, p2, p3, cost = p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
       local par, peek, first, last = p.par, p.peek, p.first, p.last
-      o = o + 1
-      local count_at = o
-      local decided = 0
-      for g = 1, p.groups do
-        local ok, nw = true, 0
-        for k = first[g], last[g] do
-          local name = KEYS[key + k]
-          local st = cached[name]
-          if st == nil then st = state(name) end
-          local was = st and st.p
-          if was and was ~= par[k] and st[1] == tag[k]
-              and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
-            st = rescale[tag[k]](st, was, par[k])
-            st.p = par[k]
-            cached[name] = st
+      local dry, groups, alone = p.dry, p.groups, p.alone
+      for _ = 1, reps do
+        o = o + 1
+        local count_at = o
+        local decided = 0
+        for g = 1, groups do
+          local ok, nw, one = true, 0, alone[g]
+          for k = first[g], last[g] do
+            local name = KEYS[key + k]
+            local st = cached[name]
+            if st == nil then st = state(name) end
+            local was = st and st.p
+            if was and was ~= par[k] and st[1] == tag[k]
+                and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
+              st = rescale[tag[k]](st, was, par[k])
+              st.p = par[k]
+              cached[name] = st
+            end
+            local verdict, wait, remaining, reset, retry, new, ttl =
+              alg[k](st, p1[k], p2[k], p3[k], cost[k], par[k])
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+              verdict, wait, remaining, reset, retry
+            o = o + 5
+            if verdict == 2 then ok = false
+            elseif not peek[k] then
+              if one then
+                -- a group of one check: admitted is committed
+                cached[name], ttls[name] = new, ttl
+              else
+                nw = nw + 1
+                wname[nw], wstate[nw], wttl[nw] = name, new, ttl
+              end
+            end
           end
-          local verdict, wait, remaining, reset, retry, new, ttl =
-            alg[k](st, p1[k], p2[k], p3[k], cost[k], par[k])
-          out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-            verdict, wait, remaining, reset, retry
-          o = o + 5
-          if verdict == 2 then ok = false
-          elseif not peek[k] then
-            nw = nw + 1
-            wname[nw], wstate[nw], wttl[nw] = name, new, ttl
+          decided = last[g]
+          if ok then
+            for w = 1, nw do
+              cached[wname[w]] = wstate[w]
+              ttls[wname[w]] = wttl[w]
+            end
+          elseif not dry[g] then
+            break
           end
         end
-        decided = last[g]
-        if ok then
-          for w = 1, nw do
-            cached[wname[w]] = wstate[w]
-            ttls[wname[w]] = wttl[w]
-          end
-        elseif not p.dry[g] then
-          break
-        end
+        out[count_at] = decided
       end
-      out[count_at] = decided
       key = key + p.n
+      r = r + 1
     end
     for name, ttl in pairs(ttls) do
       redis.call('SET', name, encode(cached[name]), 'PX', max(min_ttl, ttl))
     end
+    if o <= CHUNK then return packed(out, 1, o) end
     local pieces = {}
     for first = 1, o, CHUNK do
-      local last = min(first + CHUNK - 1, o)
-      local fmt = (last - first + 1 == CHUNK) and full or '>' .. rep('i8', last - first + 1)
-      pieces[#pieces + 1] = pack(fmt, unpack(out, first, last))
+      pieces[#pieces + 1] = packed(out, first, min(first + CHUNK - 1, o))
     end
     return table.concat(pieces)
   end
