@@ -429,8 +429,9 @@ fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
 /// their checks, their keys once). Decided straight by the script, on a
 /// pinned clock: a run answers exactly as the same requests listed one by
 /// one, on every algorithm, for a zone with an all-or-nothing group and a
-/// dry-run group, and between other requests; as a function (kept from
-/// call to call) and as a script.
+/// dry-run group, and between other requests; after a larger call and in
+/// an answer longer than one `struct.pack`; as a function (kept from call
+/// to call) and as a script.
 #[tokio::test]
 async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     let server = RedisServer::start();
@@ -469,11 +470,14 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     for (form, call) in [("function", "FCALL"), ("script", "EVAL")] {
         for (i, &(spec, nkeys)) in specs.iter().enumerate() {
             let (other, other_keys) = specs[(i + 1) % specs.len()];
-            // This spec 3 times, the other once, this 4 times; then, a
-            // second later, this twice: a smaller call after a larger one.
-            let calls: [(&[(usize, bool)], u64); 2] = [
+            // This spec 3 times, the other once, this 4 times; a second
+            // later, this twice (a smaller call after a larger one); then
+            // 40 and the other 3 times (an answer of more than the 200
+            // numbers packed at a time).
+            let calls: [(&[(usize, bool)], u64); 3] = [
                 (&[(3, true), (1, false), (4, true)], 0),
                 (&[(2, true)], 1000),
+                (&[(40, true), (3, false)], 2000),
             ];
             for (step, (requests, later)) in calls.into_iter().enumerate() {
                 let mut answers = Vec::new();
