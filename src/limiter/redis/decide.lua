@@ -59,11 +59,20 @@ local function make()
   -- they were kept, is read under the current numbers). A state of another
   -- algorithm (a limit whose algorithm changed) decides like a new key.
   local match, format, tonumber = string.match, string.format, tonumber
+  -- The numbers of every limit parsed ("p1,p2,p3" -> its table, see parse):
+  -- a state written under a limit's current numbers reads them from here,
+  -- without parsing them.
+  local known = {}
   local function decode(v)
     if not v then return false end
+    -- The usual state (two numbers: all but the sliding window and log),
+    -- written under the numbers of a limit parsed: no parsing them.
+    local tag, a, b, ps = match(v, '^(%u):(%d+):(%d+)|(.*)$')
+    local p = tag and tag ~= 'L' and known[ps]
+    if p then return { tag, tonumber(a), tonumber(b), p = p } end
     local body, params = match(v, '^([^|]*)|(.*)$')
     if not body then body = v end
-    local p
+    p = nil
     if params then
       local a, b, c = match(params, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
       if a then p = { tonumber(a), tonumber(b), tonumber(c) } end
@@ -87,7 +96,8 @@ local function make()
       for k = 2, #s do parts[k] = format('%d', s[k]) end
       v = table.concat(parts, ':')
     end
-    if s.p then v = v .. format('|%d,%d,%d', s.p[1], s.p[2], s.p[3]) end
+    local p = s.p
+    if p then v = v .. (p.s or format('|%d,%d,%d', p[1], p[2], p[3])) end
     return v
   end
 
@@ -325,6 +335,7 @@ local function make()
     -- state it writes (never changed in place). Per group (consecutive
     -- checks with the same group number and dry-run flag): its first and
     -- last check, whether it is a dry run, and whether it is one check.
+    if nparsed == 1000 then parsed, nparsed, known = {}, 0, {} end
     local p = { n = 0, tag = {}, alg = {}, p1 = {}, p2 = {}, p3 = {}, par = {}, cost = {}, peek = {},
       groups = 0, first = {}, last = {}, dry = {}, alone = {} }
     local group, dry
@@ -336,7 +347,9 @@ local function make()
       p.alg[n], p.p1[n], p.p2[n], p.p3[n], p.cost[n] =
         algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
       p.peek[n] = f == '1'
-      p.par[n] = { p.p1[n], p.p2[n], p.p3[n] }
+      -- (s: as a state writes them, the same digits)
+      p.par[n] = { p.p1[n], p.p2[n], p.p3[n], s = '|' .. b .. ',' .. c .. ',' .. d }
+      known[b .. ',' .. c .. ',' .. d] = p.par[n]
       if g ~= group or h ~= dry then
         group, dry = g, h
         p.groups = p.groups + 1
@@ -345,7 +358,6 @@ local function make()
       p.last[p.groups] = n
     end
     for g = 1, p.groups do p.alone[g] = p.first[g] == p.last[g] end
-    if nparsed == 1000 then parsed, nparsed = {}, 0 end
     parsed[spec], nparsed = p, nparsed + 1
     return p
   end
