@@ -348,8 +348,9 @@ local function make()
         algorithms[p.tag[n]], tonumber(b), tonumber(c), tonumber(d), tonumber(e)
       p.peek[n] = f == '1'
       -- (s: as a state writes them, the same digits)
-      p.par[n] = { p.p1[n], p.p2[n], p.p3[n], s = '|' .. b .. ',' .. c .. ',' .. d }
-      known[b .. ',' .. c .. ',' .. d] = p.par[n]
+      local digits = b .. ',' .. c .. ',' .. d
+      p.par[n] = { p.p1[n], p.p2[n], p.p3[n], s = '|' .. digits }
+      known[digits] = p.par[n]
       if g ~= group or h ~= dry then
         group, dry = g, h
         p.groups = p.groups + 1
