@@ -435,12 +435,7 @@ fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
 #[tokio::test]
 async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     let server = RedisServer::start();
-    let source = include_str!("../../src/limiter/redis/decide.lua");
-    // As function.rs loads it.
-    let library = format!(
-        "#!lua name=runs_test\n{source}\nlocal decide\nredis.register_function('runs_decide', function(keys, args)\n  decide = decide or make()\n  return decide(keys, args)\nend)\n"
-    );
-    let script = format!("{source}\nreturn make()(KEYS, ARGV)\n");
+    let (library, function, script) = tollgate::limiter::redis::decide_forms();
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: String = redis::cmd("FUNCTION")
@@ -467,7 +462,7 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     ];
     let now = 1_800_000_000_000u64;
     let mut seen = [0usize; 3];
-    for (form, call) in [("function", "FCALL"), ("script", "EVAL")] {
+    for (form, call) in [("function", "FCALL"), ("script", "EVALSHA")] {
         for (i, &(spec, nkeys)) in specs.iter().enumerate() {
             let (other, other_keys) = specs[(i + 1) % specs.len()];
             // This spec 3 times, the other once, this 4 times; a second
@@ -502,17 +497,23 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
                             all_keys.extend(k.iter().cloned());
                         }
                     }
-                    let mut cmd = redis::cmd(call);
-                    cmd.arg(if call == "FCALL" {
-                        "runs_decide"
+                    let answer: redis::RedisResult<Vec<u8>> = if call == "FCALL" {
+                        redis::cmd("FCALL")
+                            .arg(&function)
+                            .arg(all_keys.len())
+                            .arg(&all_keys)
+                            .arg(&args)
+                            .query_async(&mut conn)
+                            .await
                     } else {
-                        &script
-                    });
-                    cmd.arg(all_keys.len()).arg(&all_keys).arg(&args);
-                    let answer: Vec<u8> = cmd
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap_or_else(|e| panic!("{form}, {spec}, runs {runs}: {e}"));
+                        script
+                            .key(&all_keys)
+                            .arg(&args)
+                            .invoke_async(&mut conn)
+                            .await
+                    };
+                    let answer =
+                        answer.unwrap_or_else(|e| panic!("{form}, {spec}, runs {runs}: {e}"));
                     answers.push(answer);
                 }
                 let (one_by_one, runs) = (&answers[0], &answers[1]);

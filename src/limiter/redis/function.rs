@@ -59,6 +59,16 @@ impl Decide {
         &self.script
     }
 
+    /// The library's text, for `FUNCTION LOAD`.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// The name `FCALL` calls.
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
     /// Whether calls go to the library (`Some(true)`) or the script
     /// (`Some(false)`); `None` until a call has told.
     pub fn as_function(&self) -> Option<bool> {

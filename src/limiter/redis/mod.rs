@@ -78,6 +78,18 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
+/// `decide.lua` as this store sends it, for tests that call it directly:
+/// the function library, the name of its function, and the script.
+pub fn decide_forms() -> (String, String, Script) {
+    let decide = Decide::new(DECIDE);
+    let (library, function) = (decide.library(), decide.function());
+    (
+        library.to_owned(),
+        function.to_owned(),
+        decide.script().clone(),
+    )
+}
+
 /// `redis://user:secret@host:6379/0` -> `redis://host:6379/0`.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
