@@ -408,8 +408,9 @@ async fn a_user_without_functions_decides_by_script_alike() {
     assert_eq!(functions.sent_as(), Some("function"));
 }
 
-/// decide.lua's answer: now, then per request its count and 5 numbers per
-/// decided check. The verdicts (0 allow, 1 delay, 2 reject) of each.
+/// decide.lua's answer: now, then per request its count and 3 numbers per
+/// decided check, the first its code. The verdicts (0 allow, 1 delay, 2
+/// reject) of each.
 fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
     let numbers: Vec<i64> = answer
         .chunks_exact(8)
@@ -419,8 +420,17 @@ fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
     let mut out = Vec::new();
     while let Some((&count, tail)) = rest.split_first() {
         let count = count as usize;
-        out.push(tail[..count * 5].iter().step_by(5).copied().collect());
-        rest = &tail[count * 5..];
+        let codes = tail[..count * 3].iter().step_by(3);
+        out.push(
+            codes
+                .map(|&code| match code {
+                    0 => 0,
+                    1.. => 1,
+                    _ => 2,
+                })
+                .collect(),
+        );
+        rest = &tail[count * 3..];
     }
     out
 }
@@ -534,4 +544,126 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     }
     // The requests were admitted, delayed and refused.
     assert!(seen.iter().all(|&n| n > 0), "verdicts seen: {seen:?}");
+}
+
+/// decide.lua's answer, per request: its count and its numbers.
+fn per_request(answer: &[u8]) -> Vec<Vec<i64>> {
+    let numbers: Vec<i64> = answer
+        .chunks_exact(8)
+        .map(|w| i64::from_be_bytes(w.try_into().unwrap()))
+        .collect();
+    let mut rest = &numbers[1..];
+    let mut out = Vec::new();
+    while let Some(&count) = rest.first() {
+        let len = 1 + count as usize * 3;
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    out
+}
+
+/// A peek (the admin API's look at a key, the checks sent around a cached
+/// rejection) decides without charging, even when the same call goes on to
+/// charge the same key: the charged requests of a call with peeks between
+/// them, alone and as a run, answer exactly as those requests alone, on
+/// every algorithm and for a zone with groups. (The script writes a state
+/// over in place when nothing can take its charge back; a peek must not.)
+#[tokio::test]
+async fn peeks_between_requests_of_one_call_charge_nothing() {
+    let server = RedisServer::start();
+    let (library, function, _) = tollgate::limiter::redis::decide_forms();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query_async(&mut conn)
+        .await
+        .expect("loads the library");
+    let specs: [(&str, usize); 7] = [
+        ("1,3,60000,0,1,0,0,0;", 1),
+        ("2,3,60000,0,1,0,0,0;", 1),
+        ("3,3,60000,0,1,0,0,0;", 1),
+        ("4,1,60000,3,1,0,0,0;", 1),
+        ("5,1,60000,3,1,0,0,0;", 1),
+        ("6,16,2,1,1,0,0,0;", 1),
+        (
+            "6,16,5,-1,1,0,0,0;1,4,60000,0,1,0,1,0;1,2,60000,0,1,0,1,0;1,1,60000,0,1,0,2,1;",
+            4,
+        ),
+    ];
+    let now = 1_800_000_000_000u64;
+    for (i, &(spec, nkeys)) in specs.iter().enumerate() {
+        // the same checks, each a peek
+        let peek: String = spec
+            .split_terminator(';')
+            .map(|check| {
+                let mut fields: Vec<&str> = check.split(',').collect();
+                fields[5] = "1";
+                fields.join(",") + ";"
+            })
+            .collect();
+        let mut charged = Vec::new();
+        for with_peeks in [false, true] {
+            let keys: Vec<String> = (0..nkeys)
+                .map(|k| format!("peeks:{i}:{with_peeks}:{k}"))
+                .collect();
+            // (argument, a run's count, charged)
+            let mut calls = vec![(spec, 1, true), (spec, 1, true)];
+            if with_peeks {
+                calls = vec![
+                    (spec, 1, true),
+                    (&peek, 1, false),
+                    (&peek, 3, false),
+                    (spec, 1, true),
+                    (&peek, 1, false),
+                ];
+            }
+            calls.extend([(spec, 3, true), (spec, 1, true)]);
+            let mut args = vec![now.to_string()];
+            let mut all_keys = Vec::new();
+            let mut charges = Vec::new();
+            for &(arg, n, charges_it) in &calls {
+                if n > 1 {
+                    args.push(format!("*{n}"));
+                }
+                args.push(arg.to_owned());
+                all_keys.extend(keys.iter().cloned());
+                charges.extend(std::iter::repeat_n(charges_it, n));
+            }
+            let answer: Vec<u8> = redis::cmd("FCALL")
+                .arg(&function)
+                .arg(all_keys.len())
+                .arg(&all_keys)
+                .arg(&args)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let requests = per_request(&answer);
+            assert_eq!(
+                requests.len(),
+                charges.len(),
+                "{spec}: one answer a request"
+            );
+            let mine: Vec<Vec<i64>> = requests
+                .into_iter()
+                .zip(charges)
+                .filter_map(|(r, charges_it)| charges_it.then_some(r))
+                .collect();
+            charged.push(mine);
+        }
+        assert_eq!(
+            charged[1], charged[0],
+            "{spec}: peeks changed what was charged"
+        );
+        // The limits are of 3 (the zone's burst 2 or 5, a group's limit 2):
+        // some check refused.
+        assert!(
+            charged[0]
+                .iter()
+                .any(|r| r[1..].iter().step_by(3).any(|&code| code < 0)),
+            "{spec}: nothing refused: {:?}",
+            charged[0]
+        );
+    }
 }

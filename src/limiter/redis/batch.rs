@@ -226,7 +226,7 @@ async fn bounded<T>(
     }
 }
 
-/// `now, (count, 5 x count numbers) per job` -> per job (now, numbers).
+/// `now, (count, 3 x count numbers) per job` -> per job (now, numbers).
 fn split(values: &[i64], jobs: &[Job]) -> Option<Vec<(u64, Vec<i64>)>> {
     let (&now, mut rest) = values.split_first()?;
     let now = u64::try_from(now).ok()?;
@@ -307,15 +307,12 @@ mod tests {
         let jobs = [job(2), job(1)];
         // The first request stopped after its first check; the second
         // decided its only one.
-        let values = [7, 1, 2, 0, 0, 60, 60, 1, 0, 0, 4, 1000, 0];
+        let values = [7, 1, -61, 0, 60, 1, 0, 4, 1000];
         assert_eq!(
             split(&values, &jobs),
-            Some(vec![
-                (7, vec![2, 0, 0, 60, 60]),
-                (7, vec![0, 0, 4, 1000, 0])
-            ])
+            Some(vec![(7, vec![-61, 0, 60]), (7, vec![0, 4, 1000])])
         );
-        assert_eq!(split(&values[..12], &jobs), None, "a number short");
+        assert_eq!(split(&values[..8], &jobs), None, "a number short");
         assert_eq!(
             split(&[7, 3, 0, 0, 0, 0, 0], &jobs[1..]),
             None,

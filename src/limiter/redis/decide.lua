@@ -18,9 +18,9 @@
 -- group rejects, later groups of that request are not decided.
 -- Returns one string of 8-byte big-endian integers (struct.pack, read back
 -- in one pass by the client, where an array of integer replies costs a
--- parse per number): now, then per request: the number of checks decided, and per decided
--- check: verdict (0 allow, 1 delay, 2 reject), delay ms, remaining, reset
--- ms, retry-after ms.
+-- parse per number): now, then per request: the number of checks decided,
+-- and per decided check: its code (0 allowed, > 0 allowed after that delay
+-- in ms, < 0 rejected: -1 - retry-after ms), remaining, reset ms.
 -- Every write carries a TTL: after it the key decides like a new one.
 --
 -- Loaded two ways (src/limiter/redis/batch.rs), the same code either way:
@@ -153,19 +153,35 @@ local function make()
   end
 
   -- Each takes the decoded state (false for none), the limit's numbers and
-  -- the cost, and the numbers as one table (`par`, kept in the new state);
-  -- it returns verdict, delay, remaining, reset, retry, and when admitted
-  -- the new state and its TTL in ms.
+  -- the cost, the numbers as one table (`par`, kept in the new state), and
+  -- whether an admitted state is final (`mine`: see put). It returns its
+  -- code (0 allowed, > 0 allowed after that delay in ms, < 0 rejected:
+  -- -1 - retry-after ms), remaining, reset ms, and when admitted the new
+  -- state and its TTL in ms.
   local algorithms = {}
 
-  algorithms.F = function(s, limit, w, _, cost, par)
+  -- The new state <tag>:a:b[:c] of an admitted request. When it is final
+  -- (its check is alone in its group and charges: no later verdict can
+  -- take it back) and the old state is of the same algorithm, the old
+  -- state's table is written over: every state table belongs to one key
+  -- of one call (decoded, or made by the call), and a run of one client's
+  -- requests would otherwise make and collect a table per request.
+  local function put(s, mine, tag, a, b, par, c)
+    if mine and s and s[1] == tag then
+      s[2], s[3], s[4], s.p = a, b, c, par
+      return s
+    end
+    return { tag, a, b, c, p = par }
+  end
+
+  algorithms.F = function(s, limit, w, _, cost, par, mine)
     local start = idiv(now, w) * w
     local count = (s and s[1] == 'F' and s[2] == start) and s[3] or 0
     local reset = start + w - now
     if count + cost <= limit then
-      return 0, 0, limit - count - cost, reset, 0, { 'F', start, count + cost, p = par }, reset
+      return 0, limit - count - cost, reset, put(s, mine, 'F', start, count + cost, par), reset
     end
-    return 2, 0, max(0, limit - count), reset, reset
+    return -1 - reset, max(0, limit - count), reset
   end
 
   local function sliding_retry(prev, curr, elapsed, w, l, c)
@@ -181,7 +197,7 @@ local function make()
     return to_next + min(u, w)
   end
 
-  algorithms.S = function(s, limit, w, _, cost, par)
+  algorithms.S = function(s, limit, w, _, cost, par, mine)
     local start = idiv(now, w) * w
     local prev, curr = 0, 0
     if s and s[1] == 'S' then
@@ -192,11 +208,11 @@ local function make()
     local used = prev * (w - elapsed) + curr * w
     local reset = w - elapsed
     if used + cost * w <= limit * w then
-      return 0, 0, idiv(limit * w - used - cost * w, w), reset, 0,
-        { 'S', start, prev, min(curr + cost, U32), p = par }, start + 2 * w - now
+      return 0, idiv(limit * w - used - cost * w, w), reset,
+        put(s, mine, 'S', start, prev, par, min(curr + cost, U32)), start + 2 * w - now
     end
-    return 2, 0, idiv(max(0, limit * w - used), w), reset,
-      sliding_retry(prev, curr, elapsed, w, limit, cost)
+    return -1 - sliding_retry(prev, curr, elapsed, w, limit, cost),
+      idiv(max(0, limit * w - used), w), reset
   end
 
   algorithms.L = function(s, limit, w, _, cost, par)
@@ -215,7 +231,7 @@ local function make()
         kept[#kept + 1] = now
         kept[#kept + 1] = cost
       end
-      return 0, 0, limit - total - cost, oldest + w - now, 0, kept, w
+      return 0, limit - total - cost, oldest + w - now, kept, w
     end
     local freed, retry = 0, w
     for i = first, #s, 2 do
@@ -225,10 +241,10 @@ local function make()
         break
       end
     end
-    return 2, 0, max(0, limit - total), oldest + w - now, retry
+    return -1 - retry, max(0, limit - total), oldest + w - now
   end
 
-  algorithms.B = function(s, a, p, burst, cost, par)
+  algorithms.B = function(s, a, p, burst, cost, par, mine)
     local capacity = burst * p
     local level = capacity
     if s and s[1] == 'B' then
@@ -240,12 +256,12 @@ local function make()
     if level >= need then
       local after = level - need
       local reset = cdiv(capacity - after, a)
-      return 0, 0, idiv(after, p), reset, 0, { 'B', after, now, p = par }, max(reset, 1)
+      return 0, idiv(after, p), reset, put(s, mine, 'B', after, now, par), max(reset, 1)
     end
-    return 2, 0, idiv(level, p), cdiv(capacity - level, a), cdiv(need - level, a)
+    return -1 - cdiv(need - level, a), idiv(level, p), cdiv(capacity - level, a)
   end
 
-  algorithms.G = function(s, a, p, burst, cost, par)
+  algorithms.G = function(s, a, p, burst, cost, par, mine)
     -- tat kept as (whole ms, remainder in 1/a ms); d = tat - now, in 1/a ms
     local tolerance = burst * p
     local d = 0
@@ -254,12 +270,12 @@ local function make()
     if nd <= tolerance then
       local reset = cdiv(nd, a)
       local q = idiv(nd, a)
-      return 0, 0, idiv(tolerance - nd, p), reset, 0, { 'G', now + q, nd - q * a, p = par }, max(reset, 1)
+      return 0, idiv(tolerance - nd, p), reset, put(s, mine, 'G', now + q, nd - q * a, par), max(reset, 1)
     end
-    return 2, 0, idiv(max(0, tolerance - d), p), cdiv(d, a), cdiv(nd - tolerance, a)
+    return -1 - cdiv(nd - tolerance, a), idiv(max(0, tolerance - d), p), cdiv(d, a)
   end
 
-  algorithms.K = function(s, rate, burst, delay, cost, par)
+  algorithms.K = function(s, rate, burst, delay, cost, par, mine)
     -- idiv and cdiv written out: this is nginx's limit_req, the usual zone
     local burst_m, cost_m = burst * 1000, 1000 * cost
     local stored, last
@@ -287,7 +303,7 @@ local function make()
     end
     if excess > burst_m then
       local total = cdiv((stored + cost_m - burst_m) * 1000, rate)
-      return 2, 0, 0, cdiv(stored * 1000, rate), max(total - ms, 1)
+      return -1 - max(total - ms, 1), 0, cdiv(stored * 1000, rate)
     end
     local wait = 0
     if delay >= 0 and excess > delay * 1000 then
@@ -301,8 +317,15 @@ local function make()
     x = burst_m - excess
     local left = (x - x % 1000) / 1000
     if left * 1000 > x then left = left - 1 elseif (left + 1) * 1000 <= x then left = left + 1 end
-    return (wait > 0) and 1 or 0, wait, left, reset, 0,
-      { 'K', excess, last, p = par }, (reset > 60000) and reset or 60000
+    local new
+    if mine and s and s[1] == 'K' then
+      -- (put, written out)
+      s[2], s[3], s.p = excess, last, par
+      new = s
+    else
+      new = { 'K', excess, last, p = par }
+    end
+    return wait, left, reset, new, (reset > 60000) and reset or 60000
   end
 
   -- Several requests may come in one call (a batch): they are decided one
@@ -310,13 +333,23 @@ local function make()
   -- written once, with the TTL of its last charge.
   local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
   local cached, ttls = {}, {}
-  local function state(key)
-    local v = cached[key]
-    if v == nil then
-      v = decode(redis.call('GET', key))
-      cached[key] = v
+  -- The state of key `name` for check k of spec p: read once per call,
+  -- and rescaled when it was written under other numbers of the same
+  -- algorithm (a reload).
+  local function current(name, p, k)
+    local st = cached[name]
+    if st == nil then
+      st = decode(redis.call('GET', name))
+      cached[name] = st
     end
-    return v
+    local was, par = st and st.p, p.par[k]
+    if was and was ~= par and st[1] == p.tag[k]
+        and (was[1] ~= par[1] or was[2] ~= par[2] or was[3] ~= par[3]) then
+      st = rescale[st[1]](st, was, par)
+      st.p = par
+      cached[name] = st
+    end
+    return st
   end
 
   -- Requests on one route share their spec: each distinct spec is parsed
@@ -358,7 +391,12 @@ local function make()
       end
       p.last[p.groups] = n
     end
-    for g = 1, p.groups do p.alone[g] = p.first[g] == p.last[g] end
+    -- mine: an admitted state is final (see put)
+    p.mine = {}
+    for g = 1, p.groups do
+      p.alone[g] = p.first[g] == p.last[g]
+      for k = p.first[g], p.last[g] do p.mine[k] = p.alone[g] and not p.peek[k] end
+    end
     parsed[spec], nparsed = p, nparsed + 1
     return p
   end
@@ -385,6 +423,69 @@ local function make()
   -- anew each call costs Redis more than the decisions); entries past a
   -- call's count are left from earlier calls and never read.
   local out = {}
+  -- reps requests of spec p in a row, its keys from KEYS[key + 1], their
+  -- numbers appended to the answer after its o-th: returns the new o.
+  -- Each request's checks, group after group.
+  local function several(p, KEYS, key, reps, o)
+    local alg, p1, p2, p3, cost = p.alg, p.p1, p.p2, p.p3, p.cost
+    local par, peek, first, last = p.par, p.peek, p.first, p.last
+    local dry, groups, alone, mine = p.dry, p.groups, p.alone, p.mine
+    for _ = 1, reps do
+      o = o + 1
+      local count_at = o
+      local decided = 0
+      for g = 1, groups do
+        local ok, nw, one = true, 0, alone[g]
+        for k = first[g], last[g] do
+          local name = KEYS[key + k]
+          local st = cached[name]
+          if st == nil or (st and st.p ~= par[k]) then st = current(name, p, k) end
+          local code, remaining, reset, new, ttl =
+            alg[k](st, p1[k], p2[k], p3[k], cost[k], par[k], mine[k])
+          out[o + 1], out[o + 2], out[o + 3] = code, remaining, reset
+          o = o + 3
+          if code < 0 then ok = false
+          elseif not peek[k] then
+            if one then
+              -- a group of one check: admitted is committed
+              cached[name], ttls[name] = new, ttl
+            else
+              nw = nw + 1
+              wname[nw], wstate[nw], wttl[nw] = name, new, ttl
+            end
+          end
+        end
+        decided = last[g]
+        if ok then
+          for w = 1, nw do
+            cached[wname[w]] = wstate[w]
+            ttls[wname[w]] = wttl[w]
+          end
+        elseif not dry[g] then
+          break
+        end
+      end
+      out[count_at] = decided
+    end
+    return o
+  end
+  -- The same for a spec of one check (a zone, or one limit, alone: one
+  -- group, always decided), its numbers read once. After the first request
+  -- its state is one this check wrote or read as current: never rescaled
+  -- again.
+  local function single(p, name, reps, o)
+    local alg, x1, x2, x3, c, par, mine = p.alg[1], p.p1[1], p.p2[1], p.p3[1], p.cost[1], p.par[1], p.mine[1]
+    local charge = not p.peek[1]
+    current(name, p, 1)
+    for _ = 1, reps do
+      local code, remaining, reset, new, ttl = alg(cached[name], x1, x2, x3, c, par, mine)
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, code, remaining, reset
+      o = o + 4
+      if code >= 0 and charge then cached[name], ttls[name] = new, ttl end
+    end
+    return o
+  end
+
   return function(KEYS, ARGV)
     now = tonumber(ARGV[1])
     -- A pinned clock (tests replaying traces) is not Redis's: a key must
@@ -412,53 +513,10 @@ local function make()
       else
         reps = 1
       end
-      local tag, alg, p1, p2, p3, cost = p.tag, p.alg, p.p1, p.p2, p.p3, p.cost
-      local par, peek, first, last = p.par, p.peek, p.first, p.last
-      local dry, groups, alone = p.dry, p.groups, p.alone
-      for _ = 1, reps do
-        o = o + 1
-        local count_at = o
-        local decided = 0
-        for g = 1, groups do
-          local ok, nw, one = true, 0, alone[g]
-          for k = first[g], last[g] do
-            local name = KEYS[key + k]
-            local st = cached[name]
-            if st == nil then st = state(name) end
-            local was = st and st.p
-            if was and was ~= par[k] and st[1] == tag[k]
-                and (was[1] ~= p1[k] or was[2] ~= p2[k] or was[3] ~= p3[k]) then
-              st = rescale[tag[k]](st, was, par[k])
-              st.p = par[k]
-              cached[name] = st
-            end
-            local verdict, wait, remaining, reset, retry, new, ttl =
-              alg[k](st, p1[k], p2[k], p3[k], cost[k], par[k])
-            out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-              verdict, wait, remaining, reset, retry
-            o = o + 5
-            if verdict == 2 then ok = false
-            elseif not peek[k] then
-              if one then
-                -- a group of one check: admitted is committed
-                cached[name], ttls[name] = new, ttl
-              else
-                nw = nw + 1
-                wname[nw], wstate[nw], wttl[nw] = name, new, ttl
-              end
-            end
-          end
-          decided = last[g]
-          if ok then
-            for w = 1, nw do
-              cached[wname[w]] = wstate[w]
-              ttls[wname[w]] = wttl[w]
-            end
-          elseif not dry[g] then
-            break
-          end
-        end
-        out[count_at] = decided
+      if p.n == 1 then
+        o = single(p, KEYS[key + 1], reps, o)
+      else
+        o = several(p, KEYS, key, reps, o)
       end
       key = key + p.n
       r = r + 1

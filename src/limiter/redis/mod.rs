@@ -46,8 +46,9 @@ use function::Decide;
 
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
-/// Numbers per decision in the script's answer.
-const STRIDE: usize = 5;
+/// Numbers per decision in the script's answer: its code, remaining and
+/// reset (see [`parse`]).
+const STRIDE: usize = 3;
 
 /// How to reach Redis and how patient to be (`store` in the config).
 #[derive(Clone, PartialEq)]
@@ -755,7 +756,9 @@ fn params(a: &Algorithm) -> (i64, i64, i64, i64) {
     }
 }
 
-/// Decision numbers (five per decided check) -> decisions.
+/// Decision numbers (three per decided check: code, remaining, reset ms)
+/// -> decisions. The code is 0 when allowed, the delay in ms when allowed
+/// after one, and -1 - the retry-after in ms when rejected.
 fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
     values
@@ -763,17 +766,17 @@ fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
         .zip(checks)
         .map(|(v, c)| {
             let (limit, window_ms) = c.limit.algorithm.policy();
-            let verdict = match v[0] {
-                0 => Verdict::Allow,
-                1 => Verdict::Delay(n(v[1])),
-                _ => Verdict::Reject,
+            let (verdict, retry_after_ms) = match v[0] {
+                0 => (Verdict::Allow, 0),
+                code if code > 0 => (Verdict::Delay(n(code)), 0),
+                code => (Verdict::Reject, n(-1 - code)),
             };
             Decision {
                 verdict,
                 limit,
-                remaining: n(v[2]),
-                reset_ms: n(v[3]),
-                retry_after_ms: n(v[4]),
+                remaining: n(v[1]),
+                reset_ms: n(v[2]),
+                retry_after_ms,
                 window_ms,
             }
         })
