@@ -408,31 +408,85 @@ async fn a_user_without_functions_decides_by_script_alike() {
     assert_eq!(functions.sent_as(), Some("function"));
 }
 
-/// decide.lua's answer: now, then per request its count and 3 numbers per
-/// decided check, the first its code. The verdicts (0 allow, 1 delay, 2
-/// reject) of each.
-fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
+/// decide.lua's answer, per request: its count, then 3 numbers per decided
+/// check, the first its code.
+fn per_request(answer: &[u8]) -> Vec<Vec<i64>> {
     let numbers: Vec<i64> = answer
         .chunks_exact(8)
         .map(|w| i64::from_be_bytes(w.try_into().unwrap()))
         .collect();
     let mut rest = &numbers[1..];
     let mut out = Vec::new();
-    while let Some((&count, tail)) = rest.split_first() {
-        let count = count as usize;
-        let codes = tail[..count * 3].iter().step_by(3);
-        out.push(
-            codes
-                .map(|&code| match code {
-                    0 => 0,
-                    1.. => 1,
-                    _ => 2,
-                })
-                .collect(),
-        );
-        rest = &tail[count * 3..];
+    while let Some(&count) = rest.first() {
+        let len = 1 + count as usize * 3;
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
     }
     out
+}
+
+/// The verdicts (0 allow, 1 delay, 2 reject) of each request's checks.
+fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
+    let verdict = |&code: &i64| match code {
+        0 => 0,
+        1.. => 1,
+        _ => 2,
+    };
+    per_request(answer)
+        .iter()
+        .map(|r| r[1..].iter().step_by(3).map(verdict).collect())
+        .collect()
+}
+
+/// Requests for decide.lua straight, "alg,p1,p2,p3,cost,peek,group,dry;"
+/// per check, and the keys each uses: limits of 3 with a minute to refill
+/// on every algorithm, nginx's 1r/m burst 2 (nodelay, then delay 1), and a
+/// zone with a group of two and a dry-run group.
+const SPECS: [(&str, usize); 8] = [
+    ("1,3,60000,0,1,0,0,0;", 1),
+    ("2,3,60000,0,1,0,0,0;", 1),
+    ("3,3,60000,0,1,0,0,0;", 1),
+    ("4,1,60000,3,1,0,0,0;", 1),
+    ("5,1,60000,3,1,0,0,0;", 1),
+    ("6,16,2,-1,1,0,0,0;", 1),
+    ("6,16,2,1,1,0,0,0;", 1),
+    (
+        "6,16,5,-1,1,0,0,0;1,4,60000,0,1,0,1,0;1,2,60000,0,1,0,1,0;1,1,60000,0,1,0,2,1;",
+        4,
+    ),
+];
+
+/// A connection to `server` with decide.lua loaded as the store builds it:
+/// the connection, the function's name, and the script form.
+async fn decide_loaded(
+    server: &RedisServer,
+) -> (redis::aio::MultiplexedConnection, String, redis::Script) {
+    let (library, function, script) = tollgate::limiter::redis::decide_forms();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query_async(&mut conn)
+        .await
+        .expect("loads the library");
+    (conn, function, script)
+}
+
+/// `FCALL function` with `keys` and `args`: decide.lua's answer.
+async fn fcall(
+    conn: &mut redis::aio::MultiplexedConnection,
+    function: &str,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<Vec<u8>> {
+    redis::cmd("FCALL")
+        .arg(function)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query_async(conn)
+        .await
 }
 
 /// One client's requests in a row reach the script as a run ("*<n>", then
@@ -445,36 +499,12 @@ fn verdicts(answer: &[u8]) -> Vec<Vec<i64>> {
 #[tokio::test]
 async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     let server = RedisServer::start();
-    let (library, function, script) = tollgate::limiter::redis::decide_forms();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library)
-        .query_async(&mut conn)
-        .await
-        .expect("loads the library");
-    // (checks, keys per request): limits of 3, with a minute to refill
-    let specs: [(&str, usize); 8] = [
-        ("1,3,60000,0,1,0,0,0;", 1),
-        ("2,3,60000,0,1,0,0,0;", 1),
-        ("3,3,60000,0,1,0,0,0;", 1),
-        ("4,1,60000,3,1,0,0,0;", 1),
-        ("5,1,60000,3,1,0,0,0;", 1),
-        // nginx's: 1r/m burst 2, nodelay, then delay 1
-        ("6,16,2,-1,1,0,0,0;", 1),
-        ("6,16,2,1,1,0,0,0;", 1),
-        // a zone, a group of two, a dry-run group
-        (
-            "6,16,5,-1,1,0,0,0;1,4,60000,0,1,0,1,0;1,2,60000,0,1,0,1,0;1,1,60000,0,1,0,2,1;",
-            4,
-        ),
-    ];
+    let (mut conn, function, script) = decide_loaded(&server).await;
     let now = 1_800_000_000_000u64;
     let mut seen = [0usize; 3];
     for (form, call) in [("function", "FCALL"), ("script", "EVALSHA")] {
-        for (i, &(spec, nkeys)) in specs.iter().enumerate() {
-            let (other, other_keys) = specs[(i + 1) % specs.len()];
+        for (i, &(spec, nkeys)) in SPECS.iter().enumerate() {
+            let (other, other_keys) = SPECS[(i + 1) % SPECS.len()];
             // This spec 3 times, the other once, this 4 times; a second
             // later, this twice (a smaller call after a larger one); then
             // 40 and the other 3 times (an answer of more than the 200
@@ -507,14 +537,8 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
                             all_keys.extend(k.iter().cloned());
                         }
                     }
-                    let answer: redis::RedisResult<Vec<u8>> = if call == "FCALL" {
-                        redis::cmd("FCALL")
-                            .arg(&function)
-                            .arg(all_keys.len())
-                            .arg(&all_keys)
-                            .arg(&args)
-                            .query_async(&mut conn)
-                            .await
+                    let answer = if call == "FCALL" {
+                        fcall(&mut conn, &function, &all_keys, &args).await
                     } else {
                         script
                             .key(&all_keys)
@@ -546,22 +570,6 @@ async fn a_run_of_alike_requests_decides_as_the_requests_one_by_one() {
     assert!(seen.iter().all(|&n| n > 0), "verdicts seen: {seen:?}");
 }
 
-/// decide.lua's answer, per request: its count and its numbers.
-fn per_request(answer: &[u8]) -> Vec<Vec<i64>> {
-    let numbers: Vec<i64> = answer
-        .chunks_exact(8)
-        .map(|w| i64::from_be_bytes(w.try_into().unwrap()))
-        .collect();
-    let mut rest = &numbers[1..];
-    let mut out = Vec::new();
-    while let Some(&count) = rest.first() {
-        let len = 1 + count as usize * 3;
-        out.push(rest[..len].to_vec());
-        rest = &rest[len..];
-    }
-    out
-}
-
 /// A peek (the admin API's look at a key, the checks sent around a cached
 /// rejection) decides without charging, even when the same call goes on to
 /// charge the same key: the charged requests of a call with peeks between
@@ -571,29 +579,9 @@ fn per_request(answer: &[u8]) -> Vec<Vec<i64>> {
 #[tokio::test]
 async fn peeks_between_requests_of_one_call_charge_nothing() {
     let server = RedisServer::start();
-    let (library, function, _) = tollgate::limiter::redis::decide_forms();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library)
-        .query_async(&mut conn)
-        .await
-        .expect("loads the library");
-    let specs: [(&str, usize); 7] = [
-        ("1,3,60000,0,1,0,0,0;", 1),
-        ("2,3,60000,0,1,0,0,0;", 1),
-        ("3,3,60000,0,1,0,0,0;", 1),
-        ("4,1,60000,3,1,0,0,0;", 1),
-        ("5,1,60000,3,1,0,0,0;", 1),
-        ("6,16,2,1,1,0,0,0;", 1),
-        (
-            "6,16,5,-1,1,0,0,0;1,4,60000,0,1,0,1,0;1,2,60000,0,1,0,1,0;1,1,60000,0,1,0,2,1;",
-            4,
-        ),
-    ];
+    let (mut conn, function, _) = decide_loaded(&server).await;
     let now = 1_800_000_000_000u64;
-    for (i, &(spec, nkeys)) in specs.iter().enumerate() {
+    for (i, &(spec, nkeys)) in SPECS.iter().enumerate() {
         // the same checks, each a peek
         let peek: String = spec
             .split_terminator(';')
@@ -631,12 +619,7 @@ async fn peeks_between_requests_of_one_call_charge_nothing() {
                 all_keys.extend(keys.iter().cloned());
                 charges.extend(std::iter::repeat_n(charges_it, n));
             }
-            let answer: Vec<u8> = redis::cmd("FCALL")
-                .arg(&function)
-                .arg(all_keys.len())
-                .arg(&all_keys)
-                .arg(&args)
-                .query_async(&mut conn)
+            let answer = fcall(&mut conn, &function, &all_keys, &args)
                 .await
                 .unwrap_or_else(|e| panic!("{spec}: {e}"));
             let requests = per_request(&answer);
