@@ -283,20 +283,25 @@ local function make()
     local excess, ms, q, x
     if stored then
       ms = now - last
-      if ms < 0 then ms = 0 end
-      -- past a full drain the result is 0 however long it was:
-      -- ms <= cdiv((stored + cost_m) * 1000, rate)
-      excess = 0
-      x = (stored + cost_m) * 1000
-      q = (x + -x % rate) / rate
-      if q * rate < x then q = q + 1 elseif (q - 1) * rate >= x then q = q - 1 end
-      if ms <= q then
-        -- idiv(rate * ms, 1000)
-        x = rate * ms
-        q = (x - x % 1000) / 1000
-        if q * 1000 > x then q = q - 1 elseif (q + 1) * 1000 <= x then q = q + 1 end
-        excess = stored - q + cost_m
-        if excess < 0 then excess = 0 end
+      if ms <= 0 then
+        -- no time since the last charge (a batch's requests share its
+        -- clock): nothing drained, the divisions below would give that
+        ms, excess = 0, stored + cost_m
+      else
+        -- past a full drain the result is 0 however long it was:
+        -- ms <= cdiv((stored + cost_m) * 1000, rate)
+        excess = 0
+        x = (stored + cost_m) * 1000
+        q = (x + -x % rate) / rate
+        if q * rate < x then q = q + 1 elseif (q - 1) * rate >= x then q = q - 1 end
+        if ms <= q then
+          -- idiv(rate * ms, 1000)
+          x = rate * ms
+          q = (x - x % 1000) / 1000
+          if q * 1000 > x then q = q - 1 elseif (q + 1) * 1000 <= x then q = q + 1 end
+          excess = stored - q + cost_m
+          if excess < 0 then excess = 0 end
+        end
       end
     else
       excess, stored, ms = cost_m - 1000, 0, 0
