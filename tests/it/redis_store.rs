@@ -313,6 +313,42 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
     );
 }
 
+/// While a call is in flight, requests that arrive wait for its answer and
+/// then go together in one call, in the order they came: four requests 50
+/// ms apart while Redis is paused cost two calls (the first alone, then the
+/// other three), where a second call in flight would have made it three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
+    let server = RedisServer::start();
+    let limit = std::sync::Arc::new(fixed_window("together", 3, 3_600_000));
+    let redis = std::sync::Arc::new(connect_one(&server, &limit).await);
+    // The function loaded and the connection up, on another key.
+    let warm = [Check::new(&limit, "warm", 1)];
+    assert!(redis.decide(&warm).await.unwrap().decisions[0].admitted());
+    let before = redis.calls();
+    server.cli(&["CLIENT", "PAUSE", "600", "ALL"]);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (redis, limit) = (redis.clone(), limit.clone());
+        tasks.push(tokio::spawn(async move {
+            let checks = [Check::new(&limit, "hot", 1)];
+            redis.decide(&checks).await.expect("decides").decisions[0]
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen = Vec::new();
+    for task in tasks {
+        let d = task.await.unwrap();
+        seen.push((d.admitted(), d.remaining));
+    }
+    assert_eq!(seen, [(true, 2), (true, 1), (true, 0), (false, 0)]);
+    assert_eq!(
+        redis.calls() - before,
+        2,
+        "one call for the first request, one for the rest"
+    );
+}
+
 /// A reload that changes a limit's numbers: Redis rescales the stored state
 /// the first time the new numbers read it (the numbers it was written
 /// under are kept with it), as the memory store does at the reload. 4 of 5

@@ -1,11 +1,18 @@
-//! Requests decided together: while script calls are in flight, new
+//! Requests decided together: while a script call is in flight, new
 //! requests queue, and the next call carries all of them (up to
-//! `MAX_BATCH`). Under light load every request goes alone, at once; under
-//! heavy load Redis runs one script per batch, reads each key once and
-//! writes it once, so a hot key costs one GET and one SET per batch instead
-//! of per request, and one client's requests in a row go as one run (their
-//! keys and checks once). Decisions are exactly those of separate calls,
-//! made one after the other in queue order within one atomic script run.
+//! `MAX_BATCH`) once its answer is back. Under light load every request
+//! goes alone, at once; under heavy load Redis runs one script per batch,
+//! reads each key once and writes it once, so a hot key costs one GET and
+//! one SET per batch instead of per request, and one client's requests in
+//! a row go as one run (their keys and checks once). Decisions are exactly
+//! those of separate calls, made one after the other in queue order within
+//! one atomic script run.
+//!
+//! One call at a time, not two: most of what a call costs Redis is the
+//! call itself (waking up, reading, writing, starting the script), not its
+//! requests, so fewer and larger calls cost it less per request. A full
+//! batch does not wait: it goes at once on a second call, so the batch
+//! size, which keeps each script run short, never caps the rate.
 //!
 //! Only for a single Redis node: on a cluster a batch would cross slots.
 
@@ -15,14 +22,16 @@ use std::time::Duration;
 
 use redis::Script;
 use smallvec::SmallVec;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use super::conn::{Conn, Link};
 use super::function::{evalsha_loading, Decide};
 
-/// Requests in one script call at most.
+/// Requests in one script call at most (Redis runs nothing else while a
+/// script runs).
 const MAX_BATCH: usize = 64;
-/// Script calls in flight at once (each on the one multiplexed connection).
+/// Script calls in flight at once (each on the one multiplexed connection):
+/// the second only for a full batch.
 const IN_FLIGHT: usize = 2;
 
 /// One request's part of a script call: its keys, and its checks as one
@@ -90,24 +99,47 @@ async fn run(
     calls: Arc<AtomicU64>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    loop {
+    // Signalled as each call's answers are handed out.
+    let answered = Arc::new(Notify::new());
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut open = true;
+    while open || !batch.is_empty() {
+        if batch.is_empty() {
+            match rx.recv().await {
+                Some(q) => batch.push(q),
+                None => return,
+            }
+        }
+        fill(&mut rx, &mut batch);
+        // While a call is in flight, the batch grows until its answer is
+        // back, unless it fills first.
+        while open && batch.len() < MAX_BATCH && slots.available_permits() < IN_FLIGHT {
+            tokio::select! {
+                _ = answered.notified() => {}
+                q = rx.recv() => match q {
+                    Some(q) => {
+                        batch.push(q);
+                        fill(&mut rx, &mut batch);
+                    }
+                    None => open = false,
+                },
+            }
+        }
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else { return };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(q) => batch.push(q),
-                Err(_) => break,
-            }
-        }
         // Callers that gave up (timed out) are not decided for nothing.
         batch.retain(|(_, reply)| !reply.is_closed());
         if batch.is_empty() {
             continue;
         }
-        let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
+        let batch = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+        let (link, decide, calls, answered) = (
+            link.clone(),
+            decide.clone(),
+            calls.clone(),
+            answered.clone(),
+        );
         tokio::spawn(async move {
             let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
             let answers = call(&link, &decide, &calls, 0, &jobs, timeout).await;
@@ -124,7 +156,18 @@ async fn run(
                 }
             }
             drop(slot);
+            answered.notify_one();
         });
+    }
+}
+
+/// Moves what is queued into `batch`, up to `MAX_BATCH`.
+fn fill(rx: &mut mpsc::UnboundedReceiver<Queued>, batch: &mut Vec<Queued>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(q) => batch.push(q),
+            Err(_) => break,
+        }
     }
 }
 
