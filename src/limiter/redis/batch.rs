@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use redis::Script;
 use smallvec::SmallVec;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::conn::{Conn, Link};
 use super::function::{evalsha_loading, Decide};
@@ -134,12 +134,11 @@ async fn run(
             continue;
         }
         let batch = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-        let (link, decide, calls, answered) = (
-            link.clone(),
-            decide.clone(),
-            calls.clone(),
-            answered.clone(),
-        );
+        let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
+        let in_flight = InFlight {
+            slot: Some(slot),
+            answered: answered.clone(),
+        };
         tokio::spawn(async move {
             let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
             let answers = call(&link, &decide, &calls, 0, &jobs, timeout).await;
@@ -155,9 +154,23 @@ async fn run(
                     }
                 }
             }
-            drop(slot);
-            answered.notify_one();
+            drop(in_flight);
         });
+    }
+}
+
+/// A call's place in flight: given back, and the batcher told, when the
+/// call ends, however it ends.
+struct InFlight {
+    slot: Option<OwnedSemaphorePermit>,
+    answered: Arc<Notify>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // The slot first: the batcher, woken, counts the slots free.
+        self.slot.take();
+        self.answered.notify_one();
     }
 }
 
