@@ -28,7 +28,10 @@
 # system, from /proc/<pid>/stat of every process of the proxy, and each of
 # the two apart: user space is the proxy's own code, kernel the TCP path it
 # shares with nginx); the summary
-# gives medians over the repetitions and the tollgate / nginx ratios.
+# gives medians over the repetitions and the tollgate / nginx ratios. Each
+# run also prints the hypervisor's steal over both cores (time the host gave
+# other guests; on a shared host, a run it slowed measures the neighbours),
+# and the summary its mean and maximum.
 #
 # Needs nginx, wrk and redis-server (installed from Debian's packages when
 # missing) and two cores. Everything listens on 127.0.0.1 only and every
@@ -183,6 +186,9 @@ ticks() { # pids... -> "user system" ticks of them all
     echo "$u $s"
 }
 hz=$(getconf CLK_TCK)
+steal() { # -> "seconds-now steal-ticks-of-cores-0-and-1"
+    awk -v now="$(date +%s.%N)" '$1 == "cpu0" || $1 == "cpu1" { t += $9 } END { print now, t }' /proc/stat
+}
 per_req() { # ticks requests -> us per request
     awk -v t="$1" -v hz="$hz" -v n="$2" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }'
 }
@@ -192,9 +198,11 @@ run() { # name conns port pids...
     local name=$1 conns=$2 port=$3
     shift 3
     on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null # warm-up
-    local u0 s0 u1 s1 out
+    local u0 s0 u1 s1 out t0 t1 st0 st1
     read -r u0 s0 < <(ticks "$@")
+    read -r t0 st0 < <(steal)
     out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$port/")
+    read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     local rps p50 p99 n cpu user sys
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
@@ -204,9 +212,14 @@ run() { # name conns port pids...
     cpu=$(per_req $((u1 - u0 + s1 - s0)) "$n")
     user=$(per_req $((u1 - u0)) "$n")
     sys=$(per_req $((s1 - s0)) "$n")
-    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)\n' \
-        "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" >&2
-    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys" >> "$results"
+    # The share of the two cores the hypervisor gave to other guests
+    # meanwhile (/proc/stat's steal): a run it slowed is no measure.
+    local stolen
+    stolen=$(awk -v a="$st0" -v b="$st1" -v t0="$t0" -v t1="$t1" -v hz="$hz" \
+        'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }')
+    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%\n' \
+        "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$stolen" >&2
+    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $stolen" >> "$results"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
@@ -236,7 +249,7 @@ for rep in $(seq "$REPS"); do
 done
 
 # Medians over the repetitions, then the ratios.
-median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu, 7 user, 8 kernel)
+median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu, 7 user, 8 kernel, 9 steal %)
     awk -v n="$1" -v c="c$2" -v f="$3" '$1 == n && $2 == c { print $f }' "$results" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
@@ -293,6 +306,8 @@ split() { # pids... -> "anon X + file Y"
     done
     awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
 }
+awk '{ n++; s += $9; if ($9 > m) m = $9; if ($9 >= 2) h++ }
+    END { printf "hypervisor steal (both cores, per run): mean %.1f%%, max %.1f%%; %d of %d runs at 2%% or more\n", s / n, m, h, n }' "$results"
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
