@@ -11,6 +11,9 @@
 #       BASELINE=target/release/tollgate bash benches/load.sh
 #       measures the profile-guided build (the one to deploy), with the
 #       plain `cargo build --release` one as the baseline
+#   MAX_STEAL=5 RETRIES=2 bash benches/load.sh
+#       measures a run again, up to RETRIES times, while the hypervisor
+#       steals more than MAX_STEAL % of the two cores (the defaults)
 #   DASHBOARD=1 bash benches/load.sh
 #       also runs tollgate with a dashboard open (a poller fetching
 #       /api/overview every 2 s, as the page does), interleaved
@@ -45,6 +48,11 @@ BASELINE=${BASELINE:-}
 # The build measured: by default the plain release build made below.
 TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
+# A run during which the hypervisor gave other guests more than MAX_STEAL %
+# of the two cores is measured again, up to RETRIES times; the last try
+# counts either way, and the summary says how many stayed above.
+MAX_STEAL=${MAX_STEAL:-5}
+RETRIES=${RETRIES:-2}
 BASE_PORT=${BASE_PORT:-18100}
 
 need=()
@@ -194,7 +202,21 @@ per_req() { # ticks requests -> us per request
 }
 results="$work/results"
 : > "$results"
-run() { # name conns port pids...
+run() { # name conns port pids...: measures, and measures again (up to
+    # RETRIES times) while the hypervisor steals more than MAX_STEAL %
+    local try
+    for try in $(seq 0 "$RETRIES"); do
+        measure "$@"
+        awk -v s="$stolen" -v m="$MAX_STEAL" 'BEGIN { exit !(s > m) }' || break
+        if [ "$try" -lt "$RETRIES" ]; then
+            echo "  (steal $stolen% > $MAX_STEAL%: measured again)" >&2
+            retried=$((retried + 1))
+        fi
+    done
+    echo "$1 c$2 $line" >> "$results"
+}
+retried=0
+measure() { # name conns port pids... -> sets $line and $stolen
     local name=$1 conns=$2 port=$3
     shift 3
     on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null # warm-up
@@ -214,12 +236,11 @@ run() { # name conns port pids...
     sys=$(per_req $((s1 - s0)) "$n")
     # The share of the two cores the hypervisor gave to other guests
     # meanwhile (/proc/stat's steal): a run it slowed is no measure.
-    local stolen
     stolen=$(awk -v a="$st0" -v b="$st1" -v t0="$t0" -v t1="$t1" -v hz="$hz" \
         'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }')
     printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%\n' \
         "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$stolen" >&2
-    echo "$name c$conns $rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $stolen" >> "$results"
+    line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $stolen"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
@@ -306,8 +327,8 @@ split() { # pids... -> "anon X + file Y"
     done
     awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
 }
-awk '{ n++; s += $9; if ($9 > m) m = $9; if ($9 >= 2) h++ }
-    END { printf "hypervisor steal (both cores, per run): mean %.1f%%, max %.1f%%; %d of %d runs at 2%% or more\n", s / n, m, h, n }' "$results"
+awk -v r="$retried" -v lim="$MAX_STEAL" '{ n++; s += $9; if ($9 > m) m = $9; if ($9 > lim) h++ }
+    END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
