@@ -102,13 +102,14 @@ async fn run(
     // Signalled as each call's answers are handed out.
     let answered = Arc::new(Notify::new());
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    // Whether requests may still come (false once the store is dropped):
+    // what is queued then still goes, and the next wait ends the loop.
     let mut open = true;
-    while open || !batch.is_empty() {
-        if batch.is_empty() {
-            match rx.recv().await {
-                Some(q) => batch.push(q),
-                None => return,
-            }
+    loop {
+        // (the batch is empty here: each call takes it whole)
+        match rx.recv().await {
+            Some(q) => batch.push(q),
+            None => return,
         }
         fill(&mut rx, &mut batch);
         // While a call is in flight, the batch grows until its answer is
@@ -154,6 +155,7 @@ async fn run(
                     }
                 }
             }
+            // (named here, so the task holds it until the answers are out)
             drop(in_flight);
         });
     }
