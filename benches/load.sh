@@ -2,8 +2,8 @@
 # Whole-proxy cost: tollgate against nginx `limit_req` on the same core, in
 # one interleaved run, in front of the same upstream (an nginx `return 200`).
 #
-#   bash benches/load.sh                  # 3 repetitions, 5 s per run
-#   REPS=5 DURATION=10s bash benches/load.sh
+#   bash benches/load.sh                  # 5 repetitions, 3 s per run
+#   REPS=9 DURATION=5s bash benches/load.sh
 #   BASELINE=/tmp/tollgate-before bash benches/load.sh
 #       also runs that binary (an earlier build) on the same configs,
 #       interleaved, and prints this build / baseline
@@ -30,8 +30,9 @@
 # requests/s, p50/p99 latency and the proxy's CPU time per request (user +
 # system, from /proc/<pid>/stat of every process of the proxy, and each of
 # the two apart: user space is the proxy's own code, kernel the TCP path it
-# shares with nginx); the summary
-# gives medians over the repetitions and the tollgate / nginx ratios. Each
+# shares with nginx); the summary gives medians over the repetitions, and
+# the tollgate / nginx ratios: each taken within a repetition, between runs
+# seconds apart, then their median and range over the repetitions. Each
 # run also prints the hypervisor's steal over both cores (time the host gave
 # other guests; on a shared host, a run it slowed measures the neighbours),
 # and the summary its mean and maximum.
@@ -42,8 +43,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-5s}
-REPS=${REPS:-3}
+DURATION=${DURATION:-3s}
+REPS=${REPS:-5}
 BASELINE=${BASELINE:-}
 # The build measured: by default the plain release build made below.
 TOLLGATE=${TOLLGATE:-target/release/tollgate}
@@ -213,7 +214,7 @@ run() { # name conns port pids...: measures, and measures again (up to
             retried=$((retried + 1))
         fi
     done
-    echo "$1 c$2 $line" >> "$results"
+    echo "$1 c$2 $rep $line" >> "$results"
 }
 retried=0
 measure() { # name conns port pids... -> sets $line and $stolen
@@ -269,12 +270,24 @@ for rep in $(seq "$REPS"); do
     done
 done
 
-# Medians over the repetitions, then the ratios.
-median() { # name conns field(3 rps, 4 p50, 5 p99, 6 cpu, 7 user, 8 kernel, 9 steal %)
+# Medians over the repetitions, then the ratios. A ratio is taken within
+# each repetition, between runs a few seconds apart (so a slow spell of the
+# host weighs on both sides of it), and the median of those is printed,
+# with the lowest and highest.
+median() { # name conns field(4 rps, 5 p50, 6 p99, 7 cpu, 8 user, 9 kernel, 10 steal %)
     awk -v n="$1" -v c="c$2" -v f="$3" '$1 == n && $2 == c { print $f }' "$results" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "-"; else printf "%.2f", a / b }'; }
+ratios() { # a b conns field -> "median (lowest-highest)" of a / b per repetition
+    awk -v a="$1" -v b="$2" -v c="c$3" -v f="$4" '
+        $2 == c && $1 == a { x[$3] = $f }
+        $2 == c && $1 == b { y[$3] = $f }
+        END { for (r in x) if ((r in y) && y[r] > 0) print x[r] / y[r] }' "$results" | sort -g |
+        awk '{ v[NR] = $1 } END {
+            if (NR == 0) { print "-"; exit }
+            m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
+}
 echo
 printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "median of $REPS" conns "req/s" "p50 ms" "p99 ms" "cpu us/req" user kernel
 names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
@@ -282,31 +295,31 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 for n in $names; do
     for c in 64 256; do
-        printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "$n" "$c" "$(median "$n" "$c" 3)" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" \
-            "$(median "$n" "$c" 6)" "$(median "$n" "$c" 7)" "$(median "$n" "$c" 8)"
+        printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "$n" "$c" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" "$(median "$n" "$c" 6)" \
+            "$(median "$n" "$c" 7)" "$(median "$n" "$c" 8)" "$(median "$n" "$c" 9)"
     done
 done
 echo
-printf '%-48s %6s %6s\n' "ratio (tollgate / reference)" c64 c256
+printf '%-48s %-17s %-17s\n' "ratio (tollgate / reference): median (range)" c64 c256
 compare() { # label a b field
-    printf '%-48s %6s %6s\n' "$1" "$(ratio "$(median "$2" 64 "$4")" "$(median "$3" 64 "$4")")" "$(ratio "$(median "$2" 256 "$4")" "$(median "$3" 256 "$4")")"
+    printf '%-48s %-17s %-17s\n' "$1" "$(ratios "$2" "$3" 64 "$4")" "$(ratios "$2" "$3" 256 "$4")"
 }
-compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 6
-compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 7
-compare "allow: kernel CPU per request vs nginx" tollgate-allow nginx-allow 8
-compare "allow: p99 vs nginx" tollgate-allow nginx-allow 5
-compare "allow: throughput vs nginx" tollgate-allow nginx-allow 3
-compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 6
-compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 6
-compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 3
+compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 7
+compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 8
+compare "allow: kernel CPU per request vs nginx" tollgate-allow nginx-allow 9
+compare "allow: p99 vs nginx" tollgate-allow nginx-allow 6
+compare "allow: throughput vs nginx" tollgate-allow nginx-allow 4
+compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 7
+compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 7
+compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 4
 if [ -n "$BASELINE" ]; then
-    compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 6
-    compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 6
-    compare "allow: throughput vs baseline" tollgate-allow baseline-allow 3
+    compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 7
+    compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 7
+    compare "allow: throughput vs baseline" tollgate-allow baseline-allow 4
 fi
 if [ -n "$DASHBOARD" ]; then
-    compare "dashboard open: CPU per request vs closed" tollgate-allow-dash tollgate-allow 6
-    compare "dashboard open: throughput vs closed" tollgate-allow-dash tollgate-allow 3
+    compare "dashboard open: CPU per request vs closed" tollgate-allow-dash tollgate-allow 7
+    compare "dashboard open: throughput vs closed" tollgate-allow-dash tollgate-allow 4
 fi
 
 # Peak resident memory (VmHWM, summed over the proxy's processes) after
@@ -327,7 +340,7 @@ split() { # pids... -> "anon X + file Y"
     done
     awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
 }
-awk -v r="$retried" -v lim="$MAX_STEAL" '{ n++; s += $9; if ($9 > m) m = $9; if ($9 > lim) h++ }
+awk -v r="$retried" -v lim="$MAX_STEAL" '{ n++; s += $10; if ($10 > m) m = $10; if ($10 > lim) h++ }
     END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
