@@ -250,14 +250,27 @@ to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
 poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
 
 echo "tollgate: $TOLLGATE${BASELINE:+, baseline: $BASELINE}; proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
+# Each ratio's two runs come one after the other (two tiers and tollgate
+# next to nginx's allow run, Redis next to the memory store's), and every
+# other repetition runs them in the reverse order, so that neither side of
+# a ratio always goes first.
+plan=(
+    "tollgate-two-tiers $((BASE_PORT + 13)) $TG_TIERS"
+    "nginx-allow $((BASE_PORT + 1)) $NGINX_PIDS"
+    "tollgate-allow $((BASE_PORT + 11)) $TG_ALLOW"
+    "tollgate-redis $((BASE_PORT + 14)) $TG_REDIS"
+    "nginx-reject $((BASE_PORT + 2)) $NGINX_PIDS"
+    "tollgate-reject $((BASE_PORT + 12)) $TG_REJECT"
+)
 for rep in $(seq "$REPS"); do
+    order=$(seq 0 $((${#plan[@]} - 1)))
+    [ $((rep % 2)) -eq 0 ] && order=$(seq $((${#plan[@]} - 1)) -1 0)
     for c in 64 256; do
-        run nginx-allow "$c" $((BASE_PORT + 1)) $NGINX_PIDS
-        run tollgate-allow "$c" $((BASE_PORT + 11)) "$TG_ALLOW"
-        run nginx-reject "$c" $((BASE_PORT + 2)) $NGINX_PIDS
-        run tollgate-reject "$c" $((BASE_PORT + 12)) "$TG_REJECT"
-        run tollgate-two-tiers "$c" $((BASE_PORT + 13)) "$TG_TIERS"
-        run tollgate-redis "$c" $((BASE_PORT + 14)) "$TG_REDIS"
+        for i in $order; do
+            # shellcheck disable=SC2086 # name, port and pids, split
+            set -- ${plan[$i]}
+            run "$1" "$c" "${@:2}"
+        done
         if [ -n "$BASELINE" ]; then
             run baseline-allow "$c" $((BASE_PORT + 21)) "$B_ALLOW"
             run baseline-reject "$c" $((BASE_PORT + 22)) "$B_REJECT"
