@@ -14,6 +14,14 @@
 #   MAX_STEAL=5 RETRIES=2 bash benches/load.sh
 #       measures a run again, up to RETRIES times, while the hypervisor
 #       steals more than MAX_STEAL % of the two cores (the defaults)
+#   SIDE_BY_SIDE=1 bash benches/load.sh
+#       also runs nginx and tollgate at once (and, with BASELINE, this
+#       build and the baseline at once), both on core 0, each under its
+#       own wrk: a slow spell of the host falls on both alike, so the
+#       ratio moves far less from one repetition to the next. But each
+#       proxy shares the core, and its caches, with the other, and the
+#       scheduler need not share the core evenly: a different measure
+#       from the runs alone, best for comparing two builds of tollgate
 #   DASHBOARD=1 bash benches/load.sh
 #       also runs tollgate with a dashboard open (a poller fetching
 #       /api/overview every 2 s, as the page does), interleaved
@@ -49,6 +57,7 @@ BASELINE=${BASELINE:-}
 # The build measured: by default the plain release build made below.
 TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
 # A run during which the hypervisor gave other guests more than MAX_STEAL %
 # of the two cores is measured again, up to RETRIES times; the last try
 # counts either way, and the summary says how many stayed above.
@@ -247,6 +256,50 @@ to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
         if (u == "us") x /= 1000; else if (u == "s") x *= 1000; printf "%.3f", x }'
 }
+together() { # conns "name port pids..." ...: those proxies under load at
+    # once, each by its own wrk (all on core 1), for DURATION
+    local conns=$1 spec name port i
+    shift
+    local -a specs=("$@") before=() wrks=()
+    for i in "${!specs[@]}"; do
+        # shellcheck disable=SC2086 # name, port and pids, split
+        set -- ${specs[$i]}
+        on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$2/" >/dev/null # warm-up
+    done
+    for i in "${!specs[@]}"; do
+        # shellcheck disable=SC2086
+        set -- ${specs[$i]}
+        before[i]=$(ticks "${@:3}")
+    done
+    local t0 st0 t1 st1 stolen
+    read -r t0 st0 < <(steal)
+    for i in "${!specs[@]}"; do
+        # shellcheck disable=SC2086
+        set -- ${specs[$i]}
+        on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$2/" >"$work/together.$i" &
+        wrks+=($!)
+    done
+    wait "${wrks[@]}"
+    read -r t1 st1 < <(steal)
+    stolen=$(awk -v a="$st0" -v b="$st1" -v t0="$t0" -v t1="$t1" -v hz="$hz" \
+        'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }')
+    for i in "${!specs[@]}"; do
+        # shellcheck disable=SC2086
+        set -- ${specs[$i]}
+        local u0 s0 u1 s1 out n rps p50 p99
+        read -r u0 s0 <<<"${before[i]}"
+        read -r u1 s1 < <(ticks "${@:3}")
+        out=$(cat "$work/together.$i")
+        rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+        p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+        p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+        n=$(awk '/requests in/ {print $1}' <<<"$out")
+        printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%, side by side\n' \
+            "together-$1" "$conns" "$rps" "$p50" "$p99" "$(per_req $((u1 - u0 + s1 - s0)) "$n")" \
+            "$(per_req $((u1 - u0)) "$n")" "$(per_req $((s1 - s0)) "$n")" "$stolen" >&2
+        echo "together-$1 c$conns $rep $rps $(to_ms "$p50") $(to_ms "$p99") $(per_req $((u1 - u0 + s1 - s0)) "$n") $(per_req $((u1 - u0)) "$n") $(per_req $((s1 - s0)) "$n") $stolen" >>"$results"
+    done
+}
 poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
 
 echo "tollgate: $TOLLGATE${BASELINE:+, baseline: $BASELINE}; proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
@@ -283,6 +336,17 @@ for rep in $(seq "$REPS"); do
     done
 done
 
+if [ -n "$SIDE_BY_SIDE" ]; then
+    for rep in $(seq "$REPS"); do
+        for c in 64 256; do
+            together "$c" "nginx-allow $((BASE_PORT + 1)) $NGINX_PIDS" "tollgate-allow $((BASE_PORT + 11)) $TG_ALLOW"
+            if [ -n "$BASELINE" ]; then
+                together "$c" "baseline-allow $((BASE_PORT + 21)) $B_ALLOW" "build-allow $((BASE_PORT + 11)) $TG_ALLOW"
+            fi
+        done
+    done
+fi
+
 # Medians over the repetitions, then the ratios. A ratio is taken within
 # each repetition, between runs a few seconds apart (so a slow spell of the
 # host weighs on both sides of it), and the median of those is printed,
@@ -306,6 +370,8 @@ printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "median of $REPS" conns "req/s" "
 names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
+[ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
+[ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
 for n in $names; do
     for c in 64 256; do
         printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "$n" "$c" "$(median "$n" "$c" 4)" "$(median "$n" "$c" 5)" "$(median "$n" "$c" 6)" \
@@ -330,6 +396,11 @@ if [ -n "$BASELINE" ]; then
     compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 7
     compare "allow: throughput vs baseline" tollgate-allow baseline-allow 4
 fi
+if [ -n "$SIDE_BY_SIDE" ]; then
+    compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7
+    compare "side by side: user CPU per request vs nginx" together-tollgate-allow together-nginx-allow 8
+    [ -n "$BASELINE" ] && compare "side by side: CPU per request vs baseline" together-build-allow together-baseline-allow 7
+fi
 if [ -n "$DASHBOARD" ]; then
     compare "dashboard open: CPU per request vs closed" tollgate-allow-dash tollgate-allow 7
     compare "dashboard open: throughput vs closed" tollgate-allow-dash tollgate-allow 4
@@ -353,7 +424,7 @@ split() { # pids... -> "anon X + file Y"
     done
     awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
 }
-awk -v r="$retried" -v lim="$MAX_STEAL" '{ n++; s += $10; if ($10 > m) m = $10; if ($10 > lim) h++ }
+awk -v r="$retried" -v lim="$MAX_STEAL" '$1 !~ /^together-/ { n++; s += $10; if ($10 > m) m = $10; if ($10 > lim) h++ }
     END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
