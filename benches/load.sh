@@ -236,21 +236,28 @@ measure() { # name conns port pids... -> sets $line and $stolen
     out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$port/")
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
+    stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
+    report "$name" "$conns" "$out" $((u1 - u0)) $((s1 - s0)) "$stolen"
+}
+stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
+    # hypervisor gave to other guests meanwhile (/proc/stat's steal), in %:
+    # a run it slowed is no measure
+    awk -v t0="$1" -v a="$2" -v t1="$3" -v b="$4" -v hz="$hz" \
+        'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }'
+}
+report() { # name conns wrk-output user-ticks system-ticks steal [note]: prints
+    # the run, sets $line (the fields the summary reads)
     local rps p50 p99 n cpu user sys
-    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-    p50=$(awk '$1=="50%" {print $2}' <<<"$out")
-    p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-    n=$(awk '/requests in/ {print $1}' <<<"$out")
-    cpu=$(per_req $((u1 - u0 + s1 - s0)) "$n")
-    user=$(per_req $((u1 - u0)) "$n")
-    sys=$(per_req $((s1 - s0)) "$n")
-    # The share of the two cores the hypervisor gave to other guests
-    # meanwhile (/proc/stat's steal): a run it slowed is no measure.
-    stolen=$(awk -v a="$st0" -v b="$st1" -v t0="$t0" -v t1="$t1" -v hz="$hz" \
-        'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }')
-    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%\n' \
-        "$name" "$conns" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$stolen" >&2
-    line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $stolen"
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$3")
+    p50=$(awk '$1=="50%" {print $2}' <<<"$3")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$3")
+    n=$(awk '/requests in/ {print $1}' <<<"$3")
+    cpu=$(per_req $(($4 + $5)) "$n")
+    user=$(per_req "$4" "$n")
+    sys=$(per_req "$5" "$n")
+    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%%s\n' \
+        "$1" "$2" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$6" "${7:-}" >&2
+    line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $6"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
@@ -258,7 +265,7 @@ to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
 }
 together() { # conns "name port pids..." ...: those proxies under load at
     # once, each by its own wrk (all on core 1), for DURATION
-    local conns=$1 spec name port i
+    local conns=$1 i
     shift
     local -a specs=("$@") before=() wrks=()
     for i in "${!specs[@]}"; do
@@ -271,7 +278,7 @@ together() { # conns "name port pids..." ...: those proxies under load at
         set -- ${specs[$i]}
         before[i]=$(ticks "${@:3}")
     done
-    local t0 st0 t1 st1 stolen
+    local t0 st0 t1 st1 stolen u0 s0 u1 s1
     read -r t0 st0 < <(steal)
     for i in "${!specs[@]}"; do
         # shellcheck disable=SC2086
@@ -281,23 +288,14 @@ together() { # conns "name port pids..." ...: those proxies under load at
     done
     wait "${wrks[@]}"
     read -r t1 st1 < <(steal)
-    stolen=$(awk -v a="$st0" -v b="$st1" -v t0="$t0" -v t1="$t1" -v hz="$hz" \
-        'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }')
+    stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
     for i in "${!specs[@]}"; do
         # shellcheck disable=SC2086
         set -- ${specs[$i]}
-        local u0 s0 u1 s1 out n rps p50 p99
         read -r u0 s0 <<<"${before[i]}"
         read -r u1 s1 < <(ticks "${@:3}")
-        out=$(cat "$work/together.$i")
-        rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-        p50=$(awk '$1=="50%" {print $2}' <<<"$out")
-        p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-        n=$(awk '/requests in/ {print $1}' <<<"$out")
-        printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%, side by side\n' \
-            "together-$1" "$conns" "$rps" "$p50" "$p99" "$(per_req $((u1 - u0 + s1 - s0)) "$n")" \
-            "$(per_req $((u1 - u0)) "$n")" "$(per_req $((s1 - s0)) "$n")" "$stolen" >&2
-        echo "together-$1 c$conns $rep $rps $(to_ms "$p50") $(to_ms "$p99") $(per_req $((u1 - u0 + s1 - s0)) "$n") $(per_req $((u1 - u0)) "$n") $(per_req $((s1 - s0)) "$n") $stolen" >>"$results"
+        report "together-$1" "$conns" "$(cat "$work/together.$i")" $((u1 - u0)) $((s1 - s0)) "$stolen" ", side by side"
+        echo "together-$1 c$conns $rep $line" >>"$results"
     done
 }
 poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
