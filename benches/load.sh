@@ -265,37 +265,36 @@ to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
 }
 together() { # conns "name port pids..." ...: those proxies under load at
     # once, each by its own wrk (all on core 1), for DURATION
-    local conns=$1 i
+    local conns=$1 spec i
     shift
-    local -a specs=("$@") before=() wrks=()
-    for i in "${!specs[@]}"; do
+    local -a names=() ports=() pids=() before=() wrks=()
+    for spec in "$@"; do
         # shellcheck disable=SC2086 # name, port and pids, split
-        set -- ${specs[$i]}
-        on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$2/" >/dev/null # warm-up
+        set -- $spec
+        names+=("$1") ports+=("$2") pids+=("${*:3}")
     done
-    for i in "${!specs[@]}"; do
-        # shellcheck disable=SC2086
-        set -- ${specs[$i]}
-        before[i]=$(ticks "${@:3}")
+    for i in "${!names[@]}"; do
+        on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:${ports[i]}/" >/dev/null # warm-up
+    done
+    for i in "${!names[@]}"; do
+        # shellcheck disable=SC2086 # the proxy's pids, split
+        before[i]=$(ticks ${pids[i]})
     done
     local t0 st0 t1 st1 stolen u0 s0 u1 s1
     read -r t0 st0 < <(steal)
-    for i in "${!specs[@]}"; do
-        # shellcheck disable=SC2086
-        set -- ${specs[$i]}
-        on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$2/" >"$work/together.$i" &
+    for i in "${!names[@]}"; do
+        on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:${ports[i]}/" >"$work/together.$i" &
         wrks+=($!)
     done
     wait "${wrks[@]}"
     read -r t1 st1 < <(steal)
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
-    for i in "${!specs[@]}"; do
-        # shellcheck disable=SC2086
-        set -- ${specs[$i]}
+    for i in "${!names[@]}"; do
         read -r u0 s0 <<<"${before[i]}"
-        read -r u1 s1 < <(ticks "${@:3}")
-        report "together-$1" "$conns" "$(cat "$work/together.$i")" $((u1 - u0)) $((s1 - s0)) "$stolen" ", side by side"
-        echo "together-$1 c$conns $rep $line" >>"$results"
+        # shellcheck disable=SC2086
+        read -r u1 s1 < <(ticks ${pids[i]})
+        report "together-${names[i]}" "$conns" "$(cat "$work/together.$i")" $((u1 - u0)) $((s1 - s0)) "$stolen" ", side by side"
+        echo "together-${names[i]} c$conns $rep $line" >>"$results"
     done
 }
 poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PORT + 51))/api/overview"; sleep 2; done; }
