@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
@@ -529,9 +530,16 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
         if read.is_empty() {
             return Ok(None);
         }
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(read) {
+        // Left uninitialised: zeroing 100 slots would write 3.2 KB per
+        // response, more than the head itself (the listener's parse does
+        // the same).
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            read,
+            &mut slots,
+        ) {
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
             Ok(httparse::Status::Complete(_)) => {
                 return Err(format!("response head over {MAX_HEAD} bytes"))
