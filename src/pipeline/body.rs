@@ -274,6 +274,12 @@ impl fmt::Display for ResponseBodyError {
 
 impl StdError for ResponseBodyError {}
 
+/// A response on its way from the stage that makes it to the server that
+/// writes it, boxed: it passes through several async frames (forward,
+/// serve, handle), and each move of the 300-odd bytes unboxed would copy
+/// them into memory the request has not touched yet.
+pub type Reply = Box<http::Response<ProxyBody>>;
+
 /// The body of every response tollgate sends.
 pub struct ProxyBody {
     kind: Kind,

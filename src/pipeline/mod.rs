@@ -47,7 +47,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use self::body::{ClientBody, ProxyBody};
+use self::body::{ClientBody, ProxyBody, Reply};
 use self::client_ip::ClientIp;
 use self::ctx::{Ctx, Stop};
 use self::decide::Origin;
@@ -363,7 +363,7 @@ impl Pipeline {
         let mut resp = self.handle_parts(&mut req, &mut body, conn).await;
         // hyper writes only the header map.
         response::fields_into_map(&mut resp);
-        resp
+        *resp
     }
 
     /// A request whose body (if any) is `body`: for tollgate's HTTP/1
@@ -376,7 +376,7 @@ impl Pipeline {
         req: &mut Request<()>,
         body: &mut Option<ClientBody>,
         conn: &ConnInfo,
-    ) -> Response<ProxyBody> {
+    ) -> Reply {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
         let record = self.access_log.then(|| {
             Box::new(AccessRecord {
@@ -421,7 +421,7 @@ impl Pipeline {
                 tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
                 cx.end
                     .set_rate_limit(|| format!("rejected:{}", rejection.limit));
-                response::rejected(&rejection, cx.route, &cx.applied)
+                Box::new(response::rejected(&rejection, cx.route, &cx.applied))
             }
             Err(Stop::Failed(err)) => {
                 if err.is_client_error() {
@@ -429,7 +429,7 @@ impl Pipeline {
                 } else {
                     tracing::warn!(client = %cx.client.client.ip, error = %err, "request failed");
                 }
-                response::problem(&err)
+                Box::new(response::problem(&err))
             }
         };
         if body.is_none() && failed {
@@ -465,7 +465,7 @@ impl Pipeline {
         body: &mut Option<ClientBody>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
-    ) -> Result<Response<ProxyBody>, Stop> {
+    ) -> Result<Reply, Stop> {
         self.check_headers(req.headers())?;
         normalize_path(req)?;
         host::resolve(req)?;
@@ -505,7 +505,7 @@ impl Pipeline {
             })?,
         };
         let mut resp = match &route.action {
-            RouteAction::Respond(r) => response::respond(r, req.method()),
+            RouteAction::Respond(r) => Box::new(response::respond(r, req.method())),
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
                 cx.end.set_upstream(&upstream.name);

@@ -12,7 +12,7 @@ use http::{HeaderMap, Request, Response, Version};
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
-use super::body::{ClientBody, ProxyBody, RequestBody};
+use super::body::{ClientBody, ProxyBody, Reply, RequestBody};
 use super::client_ip;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
@@ -23,7 +23,8 @@ use super::ConnInfo;
 use crate::config::{HostHeader, RouteConfig};
 use crate::error::ProxyError;
 
-/// Forwards `req` to `upstream` and returns the response to relay.
+/// Forwards `req` to `upstream` and returns the response to relay, boxed
+/// (see [`Reply`]).
 /// `body` is taken once the request is accepted for forwarding; a request
 /// refused before (a 413 by its length) leaves it to be discarded. `req`
 /// is rewritten in place for the upstream (borrowed, as in
@@ -36,7 +37,7 @@ pub async fn forward(
     upstream: &Upstream,
     route: &RouteConfig,
     body_read_timeout: Duration,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Reply, ProxyError> {
     let max_body = route.max_body_bytes;
     let verify = route.webhook.as_ref().and_then(|w| w.verify.as_ref());
     if let Some(len) = content_length(req.headers()) {
@@ -143,7 +144,7 @@ pub async fn forward(
     let (parts, body) = response.into_parts();
     let mut body = ProxyBody::upstream(body, upstream.timeout);
     *body.lines_mut() = lines;
-    Ok(Response::from_parts(parts, body))
+    Ok(Box::new(Response::from_parts(parts, body)))
 }
 
 /// The upstream switched protocols: the client's connection and the
@@ -153,7 +154,7 @@ fn tunnel(
     conn: Conn,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     upstream: &Upstream,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Reply, ProxyError> {
     let Some(client_upgrade) = client_upgrade else {
         return Err(ProxyError::UpstreamFailed {
             upstream: upstream.name.to_string(),
@@ -185,7 +186,7 @@ fn tunnel(
     });
     forward::switching_headers(response.headers_mut());
     let (parts, ()) = response.into_parts();
-    Ok(Response::from_parts(parts, ProxyBody::empty()))
+    Ok(Box::new(Response::from_parts(parts, ProxyBody::empty())))
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

@@ -190,9 +190,7 @@ where
         };
         // Whatever of the request the pipeline left goes before the answer.
         drop((req, body));
-        // Used where it is: each move of a response copies a few hundred
-        // bytes.
-        let answer = resp.as_mut()?;
+        let answer = resp.as_deref_mut()?;
         // What is left of a body nobody read: a little is read and thrown
         // away after the answer, keeping the connection (nginx does too);
         // more closes it, lingering so that the client reads the answer
