@@ -275,9 +275,11 @@ impl fmt::Display for ResponseBodyError {
 impl StdError for ResponseBodyError {}
 
 /// A response on its way from the stage that makes it to the server that
-/// writes it, boxed: it passes through several async frames (forward,
-/// serve, handle), and each move of the 300-odd bytes unboxed would copy
-/// them into memory the request has not touched yet.
+/// writes it, boxed: it is returned through several async frames
+/// (`proxy::forward`, `Pipeline::serve`, `Pipeline::handle_parts`, the
+/// HTTP/1 server's loop), and each move of the 328 bytes unboxed would
+/// copy them into memory the request has not touched yet. Hyper's servers
+/// take it unboxed (`Pipeline::handle`).
 pub type Reply = Box<http::Response<ProxyBody>>;
 
 /// The body of every response tollgate sends.
