@@ -25,6 +25,11 @@
 #   DASHBOARD=1 bash benches/load.sh
 #       also runs tollgate with a dashboard open (a poller fetching
 #       /api/overview every 2 s, as the page does), interleaved
+#   HEADS=1 bash benches/load.sh
+#       also runs the allow path of both proxies with a request head as a
+#       browser or an API client sends it (ten more fields: user agent,
+#       accept, cookie, bearer token...; wrk's own head has one), the two
+#       interleaved
 #
 # The proxy under test runs alone on core 0 (`taskset`); the upstream,
 # Redis and wrk share core 1. Each proxy is measured on
@@ -58,6 +63,22 @@ BASELINE=${BASELINE:-}
 TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
+HEADS=${HEADS:-}
+# The fields HEADS=1 adds to every request (500 bytes of head).
+HEAD_FIELDS=(
+    -H "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36"
+    -H "Accept: application/json, text/plain, */*"
+    -H "Accept-Language: en-US,en;q=0.9"
+    -H "Accept-Encoding: gzip, deflate, br"
+    -H "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1c2VyLTQyIn0.c2lnbmF0dXJl"
+    -H "X-Request-Id: 3f1c2a9e-8b7d-4e21-9c55-0a1b2c3d4e5f"
+    -H "Cookie: session=abc123def456; theme=dark"
+    -H "Referer: https://app.example.com/dashboard"
+    -H "Origin: https://app.example.com"
+    -H "Cache-Control: no-cache"
+)
+# wrk's extra arguments for the run being measured (HEAD_FIELDS or none).
+WRK_ARGS=()
 # A run during which the hypervisor gave other guests more than MAX_STEAL %
 # of the two cores is measured again, up to RETRIES times; the last try
 # counts either way, and the summary says how many stayed above.
@@ -229,11 +250,11 @@ retried=0
 measure() { # name conns port pids... -> sets $line and $stolen
     local name=$1 conns=$2 port=$3
     shift 3
-    on_core1 wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null # warm-up
+    on_core1 wrk -t1 -c"$conns" -d1s "${WRK_ARGS[@]}" "http://127.0.0.1:$port/" >/dev/null # warm-up
     local u0 s0 u1 s1 out t0 t1 st0 st1
     read -r u0 s0 < <(ticks "$@")
     read -r t0 st0 < <(steal)
-    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "http://127.0.0.1:$port/")
+    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${WRK_ARGS[@]}" "http://127.0.0.1:$port/")
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
@@ -325,6 +346,17 @@ for rep in $(seq "$REPS"); do
             run baseline-allow "$c" $((BASE_PORT + 21)) "$B_ALLOW"
             run baseline-reject "$c" $((BASE_PORT + 22)) "$B_REJECT"
         fi
+        if [ -n "$HEADS" ]; then
+            WRK_ARGS=("${HEAD_FIELDS[@]}")
+            heads=("nginx-allow-heads $((BASE_PORT + 1)) $NGINX_PIDS" "tollgate-allow-heads $((BASE_PORT + 11)) $TG_ALLOW")
+            [ $((rep % 2)) -eq 0 ] && heads=("${heads[1]}" "${heads[0]}")
+            for spec in "${heads[@]}"; do
+                # shellcheck disable=SC2086 # name, port and pids, split
+                set -- $spec
+                run "$1" "$c" "${@:2}"
+            done
+            WRK_ARGS=()
+        fi
         if [ -n "$DASHBOARD" ]; then
             poll_dashboard & POLL=$!
             run tollgate-allow-dash "$c" $((BASE_PORT + 11)) "$TG_ALLOW"
@@ -366,6 +398,7 @@ echo
 printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "median of $REPS" conns "req/s" "p50 ms" "p99 ms" "cpu us/req" user kernel
 names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
+[ -n "$HEADS" ] && names="$names nginx-allow-heads tollgate-allow-heads"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -392,6 +425,11 @@ if [ -n "$BASELINE" ]; then
     compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 7
     compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 7
     compare "allow: throughput vs baseline" tollgate-allow baseline-allow 4
+fi
+if [ -n "$HEADS" ]; then
+    compare "browser-like head: CPU per request vs nginx" tollgate-allow-heads nginx-allow-heads 7
+    compare "browser-like head: user CPU per request vs nginx" tollgate-allow-heads nginx-allow-heads 8
+    compare "browser-like head: p99 vs nginx" tollgate-allow-heads nginx-allow-heads 6
 fi
 if [ -n "$SIDE_BY_SIDE" ]; then
     compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7
