@@ -64,7 +64,8 @@ TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
 HEADS=${HEADS:-}
-# The fields HEADS=1 adds to every request (500 bytes of head).
+# The fields HEADS=1 adds to every request of the runs named *-heads (500
+# bytes of head).
 HEAD_FIELDS=(
     -H "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36"
     -H "Accept: application/json, text/plain, */*"
@@ -77,8 +78,6 @@ HEAD_FIELDS=(
     -H "Origin: https://app.example.com"
     -H "Cache-Control: no-cache"
 )
-# wrk's extra arguments for the run being measured (HEAD_FIELDS or none).
-WRK_ARGS=()
 # A run during which the hypervisor gave other guests more than MAX_STEAL %
 # of the two cores is measured again, up to RETRIES times; the last try
 # counts either way, and the summary says how many stayed above.
@@ -250,11 +249,13 @@ retried=0
 measure() { # name conns port pids... -> sets $line and $stolen
     local name=$1 conns=$2 port=$3
     shift 3
-    on_core1 wrk -t1 -c"$conns" -d1s "${WRK_ARGS[@]}" "http://127.0.0.1:$port/" >/dev/null # warm-up
+    local -a fields=()
+    [[ $name == *-heads ]] && fields=("${HEAD_FIELDS[@]}")
+    on_core1 wrk -t1 -c"$conns" -d1s "${fields[@]}" "http://127.0.0.1:$port/" >/dev/null # warm-up
     local u0 s0 u1 s1 out t0 t1 st0 st1
     read -r u0 s0 < <(ticks "$@")
     read -r t0 st0 < <(steal)
-    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${WRK_ARGS[@]}" "http://127.0.0.1:$port/")
+    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${fields[@]}" "http://127.0.0.1:$port/")
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
@@ -322,9 +323,10 @@ poll_dashboard() { while :; do curl -s -o /dev/null "http://127.0.0.1:$((BASE_PO
 
 echo "tollgate: $TOLLGATE${BASELINE:+, baseline: $BASELINE}; proxy on core 0, load on core 1; wrk -t1 -d$DURATION, $REPS repetitions" >&2
 # Each ratio's two runs come one after the other (two tiers and tollgate
-# next to nginx's allow run, Redis next to the memory store's), and every
-# other repetition runs them in the reverse order, so that neither side of
-# a ratio always goes first.
+# next to nginx's allow run, Redis next to the memory store's, the two with
+# a browser-like head next to each other), and every other repetition
+# runs them in the reverse order, so that neither side of a ratio always
+# goes first.
 plan=(
     "tollgate-two-tiers $((BASE_PORT + 13)) $TG_TIERS"
     "nginx-allow $((BASE_PORT + 1)) $NGINX_PIDS"
@@ -332,6 +334,10 @@ plan=(
     "tollgate-redis $((BASE_PORT + 14)) $TG_REDIS"
     "nginx-reject $((BASE_PORT + 2)) $NGINX_PIDS"
     "tollgate-reject $((BASE_PORT + 12)) $TG_REJECT"
+)
+[ -n "$HEADS" ] && plan+=(
+    "nginx-allow-heads $((BASE_PORT + 1)) $NGINX_PIDS"
+    "tollgate-allow-heads $((BASE_PORT + 11)) $TG_ALLOW"
 )
 for rep in $(seq "$REPS"); do
     order=$(seq 0 $((${#plan[@]} - 1)))
@@ -345,17 +351,6 @@ for rep in $(seq "$REPS"); do
         if [ -n "$BASELINE" ]; then
             run baseline-allow "$c" $((BASE_PORT + 21)) "$B_ALLOW"
             run baseline-reject "$c" $((BASE_PORT + 22)) "$B_REJECT"
-        fi
-        if [ -n "$HEADS" ]; then
-            WRK_ARGS=("${HEAD_FIELDS[@]}")
-            heads=("nginx-allow-heads $((BASE_PORT + 1)) $NGINX_PIDS" "tollgate-allow-heads $((BASE_PORT + 11)) $TG_ALLOW")
-            [ $((rep % 2)) -eq 0 ] && heads=("${heads[1]}" "${heads[0]}")
-            for spec in "${heads[@]}"; do
-                # shellcheck disable=SC2086 # name, port and pids, split
-                set -- $spec
-                run "$1" "$c" "${@:2}"
-            done
-            WRK_ARGS=()
         fi
         if [ -n "$DASHBOARD" ]; then
             poll_dashboard & POLL=$!
