@@ -279,8 +279,13 @@ impl Writer {
                     .zip(slices.iter_mut())
                     .map(|(b, s)| *s = IoSlice::new(b))
                     .count();
-                let written = match ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]))
-                {
+                // One slice by a plain write (`send`, a shorter path in
+                // the kernel than `writev`'s).
+                let written = match n {
+                    1 => Pin::new(&mut *io).poll_write(cx, &slices[0]),
+                    _ => Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]),
+                };
+                let written = match ready!(written) {
                     Ok(0) => Err(io::ErrorKind::WriteZero.into()),
                     other => other,
                 };
