@@ -16,7 +16,7 @@ use http::{Response, StatusCode};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::Duplex;
+use super::{poll_write_bufs, Duplex};
 use crate::pipeline::body::ProxyBody;
 
 /// A response body piece at most this large is copied next to its head
@@ -290,19 +290,14 @@ fn chunk_size(n: usize, buf: &mut [u8; 20]) -> &[u8] {
     &buf[..digits + 2]
 }
 
-/// Writes every byte of `bufs`, vectored where the stream can. One slice
-/// goes out by a plain write: a TCP stream sends it with `send`, which the
-/// kernel takes on a shorter path than `writev`'s.
+/// Writes every byte of `bufs` (see [`poll_write_bufs`]).
 async fn write_all<I: AsyncWrite + Unpin>(
     io: &mut I,
     mut bufs: &mut [IoSlice<'_>],
 ) -> io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
-        let n = match bufs {
-            [one] => io.write(one).await?,
-            _ => io.write_vectored(bufs).await?,
-        };
+        let n = poll_fn(|cx| poll_write_bufs(Pin::new(&mut *io), cx, bufs)).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

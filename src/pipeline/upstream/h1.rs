@@ -36,6 +36,7 @@ use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
+use crate::listener::h1::poll_write_bufs;
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
 use crate::pipeline::forward;
 
@@ -279,13 +280,7 @@ impl Writer {
                     .zip(slices.iter_mut())
                     .map(|(b, s)| *s = IoSlice::new(b))
                     .count();
-                // One slice by a plain write (`send`, a shorter path in
-                // the kernel than `writev`'s).
-                let written = match n {
-                    1 => Pin::new(&mut *io).poll_write(cx, &slices[0]),
-                    _ => Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]),
-                };
-                let written = match ready!(written) {
+                let written = match ready!(poll_write_bufs(Pin::new(&mut *io), cx, &slices[..n])) {
                     Ok(0) => Err(io::ErrorKind::WriteZero.into()),
                     other => other,
                 };
