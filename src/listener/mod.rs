@@ -760,7 +760,7 @@ async fn serve_tls<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let peer = info.peer;
-    match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+    match tokio::time::timeout(handshake_timeout, acceptor.accept(tls::SendOne(io))).await {
         Ok(Ok(tls)) if tls.get_ref().1.alpn_protocol() == Some(b"h2") => {
             conn::serve(tls, ctx, info, stop).await
         }

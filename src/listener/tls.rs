@@ -2,15 +2,22 @@
 //! certificate by SNI from the names in each certificate's SANs (exact name
 //! first, then `*.` wildcard, then the first certificate as the default), and
 //! offers ALPN `h2` then `http/1.1`. rustls speaks TLS 1.2 and 1.3 only.
+//! Also the stream TLS runs on, on both sides of the proxy (`SendOne`).
 
 use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use rustls::crypto::ring::default_provider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::h1::poll_write_bufs;
 
 /// Picks the certificate for a handshake.
 #[derive(Debug)]
@@ -146,4 +153,57 @@ fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, String> {
     let cert = webpki::EndEntityCert::try_from(der)
         .map_err(|e| format!("not a valid X.509 certificate: {e}"))?;
     Ok(cert.valid_dns_names().map(str::to_owned).collect())
+}
+
+/// The stream under a TLS session, passed through but for one thing:
+/// tokio-rustls writes every record vectored, which a TCP stream sends
+/// with `writev` even for the one slice a record usually is; this sends
+/// one slice with a plain write (`send`, the shorter path in the kernel),
+/// as the HTTP/1 writers do on plain connections (`poll_write_bufs`).
+pub struct SendOne<I>(pub I);
+
+impl<I> SendOne<I> {
+    pub fn get_ref(&self) -> &I {
+        &self.0
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for SendOne<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for SendOne<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        poll_write_bufs(Pin::new(&mut self.get_mut().0), cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
 }

@@ -37,6 +37,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
 use crate::listener::h1::poll_write_bufs;
+use crate::listener::tls::SendOne;
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
 use crate::pipeline::forward;
 
@@ -56,14 +57,14 @@ const COPY_BODY: usize = 16 << 10;
 /// The socket to one upstream target.
 pub enum Io {
     Tcp(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream<SendOne<TcpStream>>>),
 }
 
 impl Io {
     fn tcp(&self) -> &TcpStream {
         match self {
             Io::Tcp(s) => s,
-            Io::Tls(s) => s.get_ref().0,
+            Io::Tls(s) => s.get_ref().0.get_ref(),
         }
     }
 }

@@ -32,6 +32,7 @@ use super::body::{RequestBody, RequestBodyError};
 use crate::clock::Clock;
 use crate::config::{HostHeader, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::listener::tls::SendOne;
 use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
 
 /// A named pool of targets, built once from config.
@@ -306,10 +307,11 @@ impl Upstream {
                         |_| format!("\"{}\" is not a valid TLS server name", target.host),
                     )?,
                 };
-                let tls = tokio::time::timeout_at(deadline, connector.connect(server_name, tcp))
-                    .await
-                    .map_err(|_| "TLS handshake timed out".to_owned())?
-                    .map_err(|e| format!("TLS handshake failed: {e}"))?;
+                let tls =
+                    tokio::time::timeout_at(deadline, connector.connect(server_name, SendOne(tcp)))
+                        .await
+                        .map_err(|_| "TLS handshake timed out".to_owned())?
+                        .map_err(|e| format!("TLS handshake failed: {e}"))?;
                 Ok(Conn::new(Io::Tls(Box::new(tls))))
             }
         }
