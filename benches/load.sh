@@ -30,6 +30,12 @@
 #       browser or an API client sends it (ten more fields: user agent,
 #       accept, cookie, bearer token...; wrk's own head has one), the two
 #       interleaved
+#   TLS=1 bash benches/load.sh
+#       also runs the allow path of both proxies over TLS (1.3, a P-256
+#       certificate made for the run; each proxy terminates TLS and speaks
+#       plain HTTP to the upstream), the two interleaved; each run's
+#       connections are new, so its 64 or 256 handshakes are counted in
+#       it, as both proxies' are
 #
 # The proxy under test runs alone on core 0 (`taskset`); the upstream,
 # Redis and wrk share core 1. Each proxy is measured on
@@ -64,6 +70,7 @@ TOLLGATE=${TOLLGATE:-target/release/tollgate}
 DASHBOARD=${DASHBOARD:-}
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
 HEADS=${HEADS:-}
+TLS=${TLS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
 HEAD_FIELDS=(
@@ -90,6 +97,7 @@ command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v taskset >/dev/null || need+=(util-linux)
+[ -n "$TLS" ] && { command -v openssl >/dev/null || need+=(openssl); }
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -153,6 +161,32 @@ http {
                           proxy_pass http://api; } }
 }
 CONF
+# TLS=1: the certificate both proxies serve, and nginx's allow server over
+# TLS, a worker of its own (so that the peak RSS above stays that of the
+# plain runs on both sides).
+if [ -n "$TLS" ]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+        -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+        -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+    cat > "$work/nginx-tls.conf" <<CONF
+worker_processes 1;
+pid $work/nginx-tls.pid;
+error_log $work/nginx-tls.err;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    upstream api { server 127.0.0.1:$UP; keepalive 256; }
+    limit_req_zone \$binary_remote_addr zone=allow:10m rate=100000000r/s;
+    limit_req_status 429;
+    server { listen 127.0.0.1:$((BASE_PORT + 3)) ssl; keepalive_requests 1000000;
+             ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;
+             location / { limit_req zone=allow burst=1000 nodelay;
+                          proxy_pass http://api; proxy_http_version 1.1;
+                          proxy_set_header Connection "";
+                          proxy_set_header X-Forwarded-For \$remote_addr; } }
+}
+CONF
+fi
 # tollgate on one core (its runtime's workers share it).
 tollgate_config() { # file port admin-port zone-rate limits(yes/no) store
     {
@@ -181,6 +215,10 @@ tollgate_config "$work/redis.yaml"  $((BASE_PORT + 14)) $((BASE_PORT + 54)) 1000
 # in a 10MB zone (nginx's default size), to show memory stays bounded.
 tollgate_config "$work/churn.yaml"  $((BASE_PORT + 15)) $((BASE_PORT + 55)) 100000000r/s no ""
 sed -i 's/status: 429 }/status: 429, key: "header:x-client", size: 10MB }/' "$work/churn.yaml"
+if [ -n "$TLS" ]; then
+    tollgate_config "$work/tls.yaml" $((BASE_PORT + 16)) $((BASE_PORT + 56)) 100000000r/s no ""
+    sed -i "s|\" }]|\", tls: { certs: [{ cert: $work/cert.pem, key: $work/key.pem }] } }]|" "$work/tls.yaml"
+fi
 cat > "$work/churn.lua" <<'LUA'
 counter = 0
 request = function()
@@ -193,6 +231,7 @@ sed "s/$((BASE_PORT + 12))/$((BASE_PORT + 22))/; s/$((BASE_PORT + 52))/$((BASE_P
 
 on_core1 "$NGINX" -c "$work/up.conf"
 on_core0 "$NGINX" -c "$work/nginx.conf"
+[ -n "$TLS" ] && on_core0 "$NGINX" -c "$work/nginx-tls.conf"
 on_core1 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
 start_tollgate() { # binary config -> pid (taskset execs the binary)
@@ -205,6 +244,9 @@ TG_TIERS=$(start_tollgate "$TOLLGATE" "$work/tiers.yaml"); pids+=("$TG_TIERS")
 sleep 0.3
 TG_REDIS=$(start_tollgate "$TOLLGATE" "$work/redis.yaml"); pids+=("$TG_REDIS")
 TG_CHURN=$(start_tollgate "$TOLLGATE" "$work/churn.yaml"); pids+=("$TG_CHURN")
+if [ -n "$TLS" ]; then
+    TG_TLS=$(start_tollgate "$TOLLGATE" "$work/tls.yaml"); pids+=("$TG_TLS")
+fi
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -213,7 +255,14 @@ sleep 1
 for port in $((BASE_PORT + 1)) $((BASE_PORT + 11)) $((BASE_PORT + 13)) $((BASE_PORT + 14)); do
     curl -fsS "http://127.0.0.1:$port/" >/dev/null || { echo "load.sh: nothing answers on $port" >&2; cat "$work"/*.log >&2; exit 1; }
 done
+if [ -n "$TLS" ]; then
+    for port in $((BASE_PORT + 3)) $((BASE_PORT + 16)); do
+        curl -fsS --cacert "$work/cert.pem" "https://localhost:$port/" >/dev/null ||
+            { echo "load.sh: nothing answers over TLS on $port" >&2; cat "$work"/*.log "$work/nginx-tls.err" >&2; exit 1; }
+    done
+fi
 NGINX_PIDS="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
+[ -n "$TLS" ] && NGINX_TLS_PIDS="$(cat "$work/nginx-tls.pid") $(pgrep -P "$(cat "$work/nginx-tls.pid")" | tr '\n' ' ')"
 
 ticks() { # pids... -> "user system" ticks of them all
     local u=0 s=0 p a b
@@ -251,11 +300,13 @@ measure() { # name conns port pids... -> sets $line and $stolen
     shift 3
     local -a fields=()
     [[ $name == *-heads ]] && fields=("${HEAD_FIELDS[@]}")
-    on_core1 wrk -t1 -c"$conns" -d1s "${fields[@]}" "http://127.0.0.1:$port/" >/dev/null # warm-up
+    local scheme=http
+    [[ $name == *-tls ]] && scheme=https
+    on_core1 wrk -t1 -c"$conns" -d1s "${fields[@]}" "$scheme://127.0.0.1:$port/" >/dev/null # warm-up
     local u0 s0 u1 s1 out t0 t1 st0 st1
     read -r u0 s0 < <(ticks "$@")
     read -r t0 st0 < <(steal)
-    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${fields[@]}" "http://127.0.0.1:$port/")
+    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${fields[@]}" "$scheme://127.0.0.1:$port/")
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
@@ -339,6 +390,10 @@ plan=(
     "nginx-allow-heads $((BASE_PORT + 1)) $NGINX_PIDS"
     "tollgate-allow-heads $((BASE_PORT + 11)) $TG_ALLOW"
 )
+[ -n "$TLS" ] && plan+=(
+    "nginx-allow-tls $((BASE_PORT + 3)) $NGINX_TLS_PIDS"
+    "tollgate-allow-tls $((BASE_PORT + 16)) $TG_TLS"
+)
 for rep in $(seq "$REPS"); do
     order=$(seq 0 $((${#plan[@]} - 1)))
     [ $((rep % 2)) -eq 0 ] && order=$(seq $((${#plan[@]} - 1)) -1 0)
@@ -394,6 +449,7 @@ printf '%-20s %5s %10s %9s %9s %12s %6s %7s\n' "median of $REPS" conns "req/s" "
 names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tiers tollgate-redis"
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
 [ -n "$HEADS" ] && names="$names nginx-allow-heads tollgate-allow-heads"
+[ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -425,6 +481,11 @@ if [ -n "$HEADS" ]; then
     compare "browser-like head: CPU per request vs nginx" tollgate-allow-heads nginx-allow-heads 7
     compare "browser-like head: user CPU per request vs nginx" tollgate-allow-heads nginx-allow-heads 8
     compare "browser-like head: p99 vs nginx" tollgate-allow-heads nginx-allow-heads 6
+fi
+if [ -n "$TLS" ]; then
+    compare "TLS: CPU per request vs nginx" tollgate-allow-tls nginx-allow-tls 7
+    compare "TLS: user CPU per request vs nginx" tollgate-allow-tls nginx-allow-tls 8
+    compare "TLS: p99 vs nginx" tollgate-allow-tls nginx-allow-tls 6
 fi
 if [ -n "$SIDE_BY_SIDE" ]; then
     compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7
@@ -458,6 +519,7 @@ awk -v r="$retried" -v lim="$MAX_STEAL" '$1 !~ /^together-/ { n++; s += $10; if 
     END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
 echo
 echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
+[ -n "$TLS" ] && echo "peak RSS over TLS (MiB): nginx $(hwm $NGINX_TLS_PIDS), tollgate $(hwm "$TG_TLS")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
 # 1M distinct keys through a 10MB zone: memory stays bounded by the zone.
 churned=0
