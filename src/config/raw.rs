@@ -93,6 +93,7 @@ pub struct RawListener {
 pub struct RawListenerTls {
     pub certs: Vec<RawCert>,
     pub handshake_timeout: Option<Text>,
+    pub session_tickets: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -216,7 +216,7 @@ fn listeners(c: &mut Checker, raw: &RawConfig) -> Vec<ListenerConfig> {
                 .iter()
                 .map(|p| (p.cert.as_str(), p.key.as_str()))
                 .collect();
-            match tls::server_config(&pairs) {
+            match tls::server_config(&pairs, t.session_tickets.unwrap_or(true)) {
                 Ok((config, names)) => Some(ListenerTls {
                     config,
                     names,

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::crypto::ring::default_provider;
+use rustls::crypto::ring::{default_provider, Ticketer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
@@ -59,9 +59,17 @@ impl ResolvesServerCert for SniResolver {
 pub type CertProblem = (usize, &'static str, String);
 
 /// Builds the listener's rustls config from `(cert.pem, key.pem)` paths.
-/// Returns the names served, for `tollgate check`.
+/// With `session_tickets`, clients resume their sessions from tickets
+/// (nginx's `ssl_session_tickets on`, its default): no signature, no
+/// certificate, and nothing stored per client; without, from rustls's
+/// in-memory cache of the last 256 sessions. Each config gets keys of its
+/// own (rotated by rustls every 6 hours), so that after a reload, which may
+/// rotate a certificate, no session made before it resumes: as with
+/// nginx's keys, made anew on each reload. Returns the names served, for
+/// `tollgate check`.
 pub fn server_config(
     pairs: &[(&str, &str)],
+    session_tickets: bool,
 ) -> Result<(Arc<rustls::ServerConfig>, Vec<String>), Vec<CertProblem>> {
     let provider = Arc::new(default_provider());
     let mut problems = Vec::new();
@@ -143,6 +151,10 @@ pub fn server_config(
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if session_tickets {
+        config.ticketer = Ticketer::new()
+            .map_err(|e| vec![(0, "cert", format!("cannot make session ticket keys: {e}"))])?;
+    }
     Ok((Arc::new(config), names))
 }
 

@@ -219,3 +219,55 @@ async fn large_bodies_cross_tls_on_both_sides_intact() {
     assert_eq!(got.body.len() as u64, SIZE);
     assert_eq!(hex(&Sha256::digest(&got.body)), Pattern::sha256(SIZE));
 }
+
+/// Connects with `config`, sends one request (its answer brings the
+/// session tickets along), and says how the handshake went.
+async fn one_session(
+    addr: std::net::SocketAddr,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> rustls::HandshakeKind {
+    let s = tls_connect(addr, config, "api.example.com").await;
+    let kind = s.get_ref().1.handshake_kind().expect("handshake done");
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(
+        send1(&mut c, request("GET", "/s", empty())).await.status,
+        200
+    );
+    kind
+}
+
+#[tokio::test]
+async fn sessions_resume_from_tickets_however_many_clients_came_between() {
+    // With tickets (the default) a client resumes after 300 others; with
+    // `session_tickets: false` only rustls's cache of the last 256 sessions
+    // (two per handshake) remains, which those 300 have pushed it out of.
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    for (tickets, resumes) in [(true, true), (false, false)] {
+        let yaml = tls_yaml(&ca, &up).replace(
+            "    tls:\n",
+            &format!("    tls:\n      session_tickets: {tickets}\n"),
+        );
+        let proxy = TestProxy::spawn(&yaml).await;
+        let returning = ca.client_config(&[b"http/1.1"]);
+        let first = one_session(proxy.addr(), returning.clone()).await;
+        assert_eq!(first, rustls::HandshakeKind::Full);
+        assert_eq!(
+            one_session(proxy.addr(), returning.clone()).await,
+            rustls::HandshakeKind::Resumed,
+            "a client back at once resumes either way (tickets: {tickets})"
+        );
+        for _ in 0..300 {
+            one_session(proxy.addr(), ca.client_config(&[b"http/1.1"])).await;
+        }
+        let again = one_session(proxy.addr(), returning).await;
+        assert_eq!(
+            again == rustls::HandshakeKind::Resumed,
+            resumes,
+            "tickets: {tickets}, handshake: {again:?}"
+        );
+    }
+}

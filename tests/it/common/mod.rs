@@ -762,7 +762,7 @@ impl TestCa {
     /// A server-side acceptor for a leaf (for TLS upstreams).
     pub fn acceptor(&self, names: &[&str]) -> TlsAcceptor {
         let (cert, key) = self.leaf(&format!("up-{}", names[0]), names);
-        let (config, _) = tollgate::listener::tls::server_config(&[(&cert, &key)]).unwrap();
+        let (config, _) = tollgate::listener::tls::server_config(&[(&cert, &key)], true).unwrap();
         TlsAcceptor::from(config)
     }
 }
