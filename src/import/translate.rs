@@ -94,7 +94,6 @@ const HARMLESS: &[&str] = &[
     "ssl_prefer_server_ciphers",
     "ssl_session_cache",
     "ssl_session_timeout",
-    "ssl_session_tickets",
     "ssl_stapling",
     "ssl_stapling_verify",
     "ssl_dhparam",
@@ -176,6 +175,8 @@ struct Inherited {
     connect_timeout: Option<String>,
     read_timeout: Option<String>,
     allow: Vec<(String, String, Place)>,
+    /// `ssl_session_tickets on|off`.
+    session_tickets: Option<bool>,
 }
 
 impl Inherited {
@@ -212,6 +213,9 @@ struct Listener {
     tls: bool,
     proxy_protocol: bool,
     certs: Vec<(String, String)>,
+    /// Cleared by a server on it with `ssl_session_tickets off` (tollgate
+    /// sets it per listener, nginx per server).
+    session_tickets: bool,
     /// Whether a server already answers requests for unknown hosts here
     /// (nginx: the first server of the address, or its default_server).
     has_default: bool,
@@ -285,6 +289,7 @@ impl Out {
             "client_max_body_size" => inh.body_size = Some(size(&arg(0))),
             "proxy_connect_timeout" => inh.connect_timeout = Some(duration(&arg(0))),
             "proxy_read_timeout" => inh.read_timeout = Some(duration(&arg(0))),
+            "ssl_session_tickets" => inh.session_tickets = Some(arg(0) == "on"),
             "allow" | "deny" => inh.allow.push((d.name.clone(), arg(0), d.at.clone())),
             "set_real_ip_from" => {
                 if arg(0).starts_with("unix:") {
@@ -614,6 +619,11 @@ fn server(d: &Directive, block: &[Directive], out: &mut Out, inh: Inherited) {
     if binds.is_empty() {
         binds.extend(listen_default(out));
     }
+    if merged.session_tickets == Some(false) {
+        for &i in &binds {
+            out.listeners[i].session_tickets = false;
+        }
+    }
     if let (Some(c), Some(k)) = (&cert, &key) {
         for &i in &binds {
             if out.listeners[i].tls && !out.listeners[i].certs.contains(&(c.clone(), k.clone())) {
@@ -744,6 +754,7 @@ fn listen(d: &Directive, out: &mut Out) -> Option<usize> {
         tls,
         proxy_protocol,
         certs: Vec::new(),
+        session_tickets: true,
         has_default: false,
     });
     Some(out.listeners.len() - 1)
@@ -1191,7 +1202,12 @@ fn render(out: &mut Out) -> String {
                 .iter()
                 .map(|(c, k)| format!("{{ cert: {}, key: {} }}", q(c), q(k)))
                 .collect();
-            let _ = write!(y, ", tls: {{ certs: [{}] }}", certs.join(", "));
+            let tickets = if l.session_tickets {
+                ""
+            } else {
+                ", session_tickets: false"
+            };
+            let _ = write!(y, ", tls: {{ certs: [{}]{tickets} }}", certs.join(", "));
         }
         let _ = writeln!(y, " }}");
     }
