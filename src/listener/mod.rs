@@ -761,10 +761,16 @@ async fn serve_tls<I>(
 {
     let peer = info.peer;
     match tokio::time::timeout(handshake_timeout, acceptor.accept(tls::SendOne(io))).await {
-        Ok(Ok(tls)) if tls.get_ref().1.alpn_protocol() == Some(b"h2") => {
-            conn::serve(tls, ctx, info, stop).await
+        Ok(Ok(tls)) => {
+            let session = tls.get_ref().1;
+            ctx.stats
+                .tls_handshaked(session.handshake_kind() == Some(rustls::HandshakeKind::Resumed));
+            if session.alpn_protocol() == Some(b"h2") {
+                conn::serve(tls, ctx, info, stop).await
+            } else {
+                h1::serve(tls, ctx, info, stop).await
+            }
         }
-        Ok(Ok(tls)) => h1::serve(tls, ctx, info, stop).await,
         Ok(Err(e)) => {
             ctx.stats.tls_failed();
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

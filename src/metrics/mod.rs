@@ -152,6 +152,9 @@ pub struct ListenerStats {
     open: AtomicI64,
     /// TLS handshakes failed or timed out.
     tls_failures: AtomicU64,
+    /// TLS handshakes done: [full, resumed] (whether session resumption
+    /// works for the clients).
+    tls_done: [AtomicU64; 2],
     /// Connections accepted only after waiting for a slot.
     at_cap: AtomicU64,
     /// HTTP/1.x connections the fast path handed to hyper, by why
@@ -211,6 +214,11 @@ impl ListenerStats {
 
     pub fn tls_failed(&self) {
         self.tls_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A TLS handshake done, full or resumed.
+    pub fn tls_handshaked(&self, resumed: bool) {
+        self.tls_done[resumed as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A connection that waited because `max_connections` were open.
@@ -813,6 +821,22 @@ impl Collector for Scrape {
                         vec![("listener", l.to_string())],
                         n.tls_failures.load(Ordering::Relaxed),
                     )
+                }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_tls_handshakes",
+            "TLS handshakes done, by listener and kind (full, or resumed from a session ticket or the session cache).",
+            m.listeners
+                .iter()
+                .zip(m.listener_stats.iter())
+                .flat_map(|(l, n)| {
+                    ["full", "resumed"].into_iter().enumerate().map(move |(i, kind)| {
+                        (
+                            vec![("listener", l.to_string()), ("kind", kind.to_owned())],
+                            n.tls_done[i].load(Ordering::Relaxed),
+                        )
+                    })
                 }),
         )?;
         counter(

@@ -539,6 +539,44 @@ routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
 }
 
 #[tokio::test]
+async fn tls_handshakes_are_counted_full_or_resumed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("api", &["api.example.com"]);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ name: public, bind: '127.0.0.1:0', tls: {{ certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}]
+admin: {{ bind: '127.0.0.1:0' }}
+log: {{ access_log: false }}
+routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
+"
+    ))
+    .await;
+    // One client twice: the second handshake resumes from the ticket the
+    // first answer brought.
+    let client = ca.client_config(&[b"http/1.1"]);
+    for _ in 0..2 {
+        let mut s = tls_connect(proxy.addr(), client.clone(), "api.example.com").await;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: api.example.com\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let m = text(&scrape(&proxy, None).await);
+    for kind in ["full", "resumed"] {
+        assert_eq!(
+            value(
+                &m,
+                &format!(r#"tollgate_tls_handshakes_total{{listener="public",kind="{kind}"}}"#)
+            ),
+            Some(1.0),
+            "{m}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_admin_api_needs_a_token_when_one_is_set() {
     let t1 = "admin-token-one-0123456789";
     let t2 = "admin-token-two-0123456789";
