@@ -140,27 +140,33 @@ http {
 CONF
 # nginx, one worker: allow (a rate no run reaches) and reject (1 r/m, no
 # burst: every request past the first of a minute gets 429).
-cat > "$work/nginx.conf" <<CONF
+nginx_conf() { # name body: writes $work/<name>.conf (pid $work/<name>.pid)
+    # with the upstream, the allow zone and the given http-level lines
+    cat > "$work/$1.conf" <<CONF
 worker_processes 1;
-pid $work/nginx.pid;
-error_log $work/nginx.err;
+pid $work/$1.pid;
+error_log $work/$1.err;
 events { worker_connections 4096; }
 http {
     access_log off;
     upstream api { server 127.0.0.1:$UP; keepalive 256; }
     limit_req_zone \$binary_remote_addr zone=allow:10m rate=100000000r/s;
-    limit_req_zone \$binary_remote_addr zone=reject:10m rate=1r/m;
     limit_req_status 429;
-    server { listen 127.0.0.1:$((BASE_PORT + 1)); keepalive_requests 1000000;
-             location / { limit_req zone=allow burst=1000 nodelay;
-                          proxy_pass http://api; proxy_http_version 1.1;
-                          proxy_set_header Connection "";
-                          proxy_set_header X-Forwarded-For \$remote_addr; } }
-    server { listen 127.0.0.1:$((BASE_PORT + 2)); keepalive_requests 1000000;
-             location / { limit_req zone=reject nodelay;
-                          proxy_pass http://api; } }
+$2
 }
 CONF
+}
+# The allow path, over plain HTTP and (TLS=1) over TLS.
+allow_location='location / { limit_req zone=allow burst=1000 nodelay;
+                          proxy_pass http://api; proxy_http_version 1.1;
+                          proxy_set_header Connection "";
+                          proxy_set_header X-Forwarded-For $remote_addr; }'
+nginx_conf nginx "    limit_req_zone \$binary_remote_addr zone=reject:10m rate=1r/m;
+    server { listen 127.0.0.1:$((BASE_PORT + 1)); keepalive_requests 1000000;
+             $allow_location }
+    server { listen 127.0.0.1:$((BASE_PORT + 2)); keepalive_requests 1000000;
+             location / { limit_req zone=reject nodelay;
+                          proxy_pass http://api; } }"
 # TLS=1: the certificate both proxies serve, and nginx's allow server over
 # TLS, a worker of its own (so that the peak RSS above stays that of the
 # plain runs on both sides).
@@ -168,24 +174,9 @@ if [ -n "$TLS" ]; then
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
         -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
         -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-    cat > "$work/nginx-tls.conf" <<CONF
-worker_processes 1;
-pid $work/nginx-tls.pid;
-error_log $work/nginx-tls.err;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    upstream api { server 127.0.0.1:$UP; keepalive 256; }
-    limit_req_zone \$binary_remote_addr zone=allow:10m rate=100000000r/s;
-    limit_req_status 429;
-    server { listen 127.0.0.1:$((BASE_PORT + 3)) ssl; keepalive_requests 1000000;
+    nginx_conf nginx-tls "    server { listen 127.0.0.1:$((BASE_PORT + 3)) ssl; keepalive_requests 1000000;
              ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;
-             location / { limit_req zone=allow burst=1000 nodelay;
-                          proxy_pass http://api; proxy_http_version 1.1;
-                          proxy_set_header Connection "";
-                          proxy_set_header X-Forwarded-For \$remote_addr; } }
-}
-CONF
+             $allow_location }"
 fi
 # tollgate on one core (its runtime's workers share it).
 tollgate_config() { # file port admin-port zone-rate limits(yes/no) store

@@ -538,6 +538,24 @@ impl Metrics {
 
     /// The exposition: OpenMetrics when `openmetrics`, else the Prometheus
     /// text format.
+    /// The series of a per-listener counter split by `label`: one per
+    /// listener and kind, `count` reading a listener's count of kind `i`.
+    fn by_listener_and(
+        &self,
+        label: &'static str,
+        kinds: &[&'static str],
+        count: impl Fn(&ListenerStats, usize) -> u64,
+    ) -> Vec<(Vec<(&'static str, String)>, u64)> {
+        let mut series = Vec::new();
+        for (l, n) in self.listeners.iter().zip(self.listener_stats.iter()) {
+            for (i, kind) in kinds.iter().enumerate() {
+                let labels = vec![("listener", l.to_string()), (label, (*kind).to_owned())];
+                series.push((labels, count(n, i)));
+            }
+        }
+        series
+    }
+
     pub fn encode(self: &Arc<Self>, sources: Arc<dyn Sources>, openmetrics: bool) -> String {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Scrape {
@@ -827,33 +845,17 @@ impl Collector for Scrape {
             &mut e,
             "tollgate_tls_handshakes",
             "TLS handshakes done, by listener and kind (full, or resumed from a session ticket or the session cache).",
-            m.listeners
-                .iter()
-                .zip(m.listener_stats.iter())
-                .flat_map(|(l, n)| {
-                    ["full", "resumed"].into_iter().enumerate().map(move |(i, kind)| {
-                        (
-                            vec![("listener", l.to_string()), ("kind", kind.to_owned())],
-                            n.tls_done[i].load(Ordering::Relaxed),
-                        )
-                    })
-                }),
+            m.by_listener_and("kind", &["full", "resumed"], |n, i| {
+                n.tls_done[i].load(Ordering::Relaxed)
+            }),
         )?;
         counter(
             &mut e,
             "tollgate_http1_handovers",
             "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (chunked, expect, upgrade, head, http2).",
-            m.listeners
-                .iter()
-                .zip(m.listener_stats.iter())
-                .flat_map(|(l, n)| {
-                    Handover::ALL.iter().map(move |&why| {
-                        (
-                            vec![("listener", l.to_string()), ("reason", why.label().to_owned())],
-                            n.handovers[why as usize].load(Ordering::Relaxed),
-                        )
-                    })
-                }),
+            m.by_listener_and("reason", &Handover::ALL.map(Handover::label), |n, i| {
+                n.handovers[i].load(Ordering::Relaxed)
+            }),
         )?;
         counter(
             &mut e,
