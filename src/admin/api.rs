@@ -7,7 +7,8 @@
 //! - `DELETE /api/keys/<limit>/<key>[?route=]`: forget that state (unblock
 //!   a customer); logged with who asked.
 //! - `GET /api/top?limit=<name>[&route=][&n=10]`: the keys rejected most.
-//! - `GET /api/overview`: everything the dashboard draws, in one call.
+//! - `GET /api/overview`: everything the dashboard draws, in one call
+//!   (traffic, limits, store, upstreams, listeners, alerts).
 //!
 //! A limit is named as in the config; several route limits may share a
 //! name, and then every one of them answers unless `route=` picks one.
@@ -22,7 +23,7 @@ use super::{problem, Caller};
 use crate::limiter::{Decision, Verdict};
 use crate::metrics::history::{Step, STEP};
 use crate::metrics::top::{display, CAPACITY, WINDOW};
-use crate::metrics::LimitLabel;
+use crate::metrics::{Handover, LimitLabel};
 use crate::pipeline::{LimitView, Pipeline};
 
 type Reply = (StatusCode, Value);
@@ -381,6 +382,28 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
             })
         })
         .collect();
+    let listeners: Vec<Value> = p
+        .listeners_report()
+        .into_iter()
+        .map(|(r, v)| {
+            let handovers: serde_json::Map<String, Value> = Handover::ALL
+                .iter()
+                .map(|&h| (h.label().to_owned(), json!(r.handovers[h as usize])))
+                .collect();
+            json!({
+                "name": &*r.name,
+                "bind": v.bind.to_string(),
+                "tls": v.tls,
+                "proxy_protocol": v.proxy_protocol,
+                "open": r.open,
+                "waited_at_cap": r.waited_at_cap,
+                "tls_handshakes": v.tls.then(|| json!({
+                    "full": r.tls[0], "resumed": r.tls[1], "failed": r.tls[2],
+                })),
+                "handovers": handovers,
+            })
+        })
+        .collect();
     let alerts: Vec<Value> = p
         .latest_alerts()
         .into_iter()
@@ -412,6 +435,7 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
             "store": p.store_health(),
             "limits": limits,
             "upstreams": upstreams,
+            "listeners": listeners,
             "alerts": alerts,
         }),
     )

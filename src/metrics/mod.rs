@@ -123,6 +123,20 @@ pub struct UpstreamReport {
     pub duration: HistogramSnapshot,
 }
 
+/// One listener's connection figures, read for the dashboard.
+#[derive(Debug)]
+pub struct ListenerReport {
+    pub name: Arc<str>,
+    /// Connections open now.
+    pub open: i64,
+    /// Connections accepted only after waiting for a slot.
+    pub waited_at_cap: u64,
+    /// TLS handshakes: full, resumed, failed or timed out.
+    pub tls: [u64; 3],
+    /// HTTP/1.x connections handed to hyper, by [`Handover::ALL`].
+    pub handovers: [u64; Handover::ALL.len()],
+}
+
 /// Read at scrape time from the parts that own them.
 pub trait Sources: Send + Sync {
     /// Redis script calls (one per batch of requests), `None` without Redis.
@@ -540,6 +554,26 @@ impl Metrics {
     /// text format.
     /// The series of a per-listener counter split by `label`: one per
     /// listener and kind, `count` reading a listener's count of kind `i`.
+    /// Every listener's connection figures, in config order.
+    pub fn listeners_report(&self) -> Vec<ListenerReport> {
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.listeners
+            .iter()
+            .zip(self.listener_stats.iter())
+            .map(|(name, n)| ListenerReport {
+                name: name.clone(),
+                open: n.open(),
+                waited_at_cap: read(&n.at_cap),
+                tls: [
+                    read(&n.tls_done[0]),
+                    read(&n.tls_done[1]),
+                    read(&n.tls_failures),
+                ],
+                handovers: n.handovers.each_ref().map(read),
+            })
+            .collect()
+    }
+
     fn by_listener_and(
         &self,
         label: &'static str,

@@ -91,6 +91,15 @@ pub struct Pipeline {
     partitions: Box<[usize]>,
     /// Attack alert rules on the limits.
     alerts: Arc<Alerts>,
+    /// The listeners, in config order (as the metrics count them).
+    listeners: Box<[ListenerView]>,
+}
+
+/// A listener as the admin API shows it.
+pub struct ListenerView {
+    pub bind: SocketAddr,
+    pub tls: bool,
+    pub proxy_protocol: bool,
 }
 
 /// A zone or route limit as the admin API shows it.
@@ -169,6 +178,15 @@ impl Pipeline {
                 previous.map(|p| &*p.alerts),
                 engine.clock(),
             ),
+            listeners: config
+                .listeners
+                .iter()
+                .map(|l| ListenerView {
+                    bind: l.bind,
+                    tls: l.tls.is_some(),
+                    proxy_protocol: l.proxy_protocol,
+                })
+                .collect(),
             limit_base: limit_base.into(),
             partitions: partitions.into(),
             routes,
@@ -304,6 +322,15 @@ impl Pipeline {
     /// Every upstream's counters (dashboard, metrics).
     pub fn upstreams_report(&self) -> Vec<crate::metrics::UpstreamReport> {
         self.upstreams.iter().map(|u| u.report()).collect()
+    }
+
+    /// Every listener with its connection counters (dashboard).
+    pub fn listeners_report(&self) -> Vec<(crate::metrics::ListenerReport, &ListenerView)> {
+        self.metrics
+            .listeners_report()
+            .into_iter()
+            .zip(self.listeners.iter())
+            .collect()
     }
 
     /// The store's health for the dashboard: `/readyz`'s report, plus its

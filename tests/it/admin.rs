@@ -423,6 +423,15 @@ routes:
             Duration::from_secs(10),
         )
         .await;
+    // The listeners table: the one plain listener, its connections counted.
+    let tls = browser
+        .wait_for(
+            "(() => { const r = document.querySelector('#listeners tr[data-listener=\"plain\"]'); \
+             return r ? r.querySelector('td.tls').textContent : null; })()",
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(tls, "plain", "a listener without TLS");
     // Refreshes keep coming (every 2 s).
     let first = browser
         .eval("document.getElementById('updated').textContent")

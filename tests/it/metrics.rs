@@ -544,7 +544,9 @@ async fn tls_handshakes_are_counted_full_or_resumed() {
     let ca = TestCa::new();
     let (cert, key) = ca.leaf("api", &["api.example.com"]);
     let proxy = TestProxy::spawn(&format!(
-        "listeners: [{{ name: public, bind: '127.0.0.1:0', tls: {{ certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}]
+        "listeners:
+  - {{ name: public, bind: '127.0.0.1:0', tls: {{ certs: [{{ cert: '{cert}', key: '{key}' }}] }} }}
+  - {{ name: inner, bind: '127.0.0.1:0' }}
 admin: {{ bind: '127.0.0.1:0' }}
 log: {{ access_log: false }}
 routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
@@ -574,6 +576,32 @@ routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: ok }} }}]
             "{m}"
         );
     }
+
+    // The dashboard's listeners table reads the same counters, and the
+    // connections open now: one kept-alive client on the plain listener.
+    let mut kept = h1(proxy.addr_of("inner")).await;
+    let got = send1(&mut kept, request("GET", "/", empty())).await;
+    assert_eq!(got.status, http::StatusCode::OK);
+    let overview = get(proxy.admin.unwrap(), "/api/overview").await.json();
+    let listeners = overview["listeners"].as_array().expect("listeners");
+    let names: Vec<&str> = listeners
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["public", "inner"], "{overview}");
+    let (public, inner) = (&listeners[0], &listeners[1]);
+    assert_eq!(public["tls"], true);
+    assert_eq!(
+        public["tls_handshakes"],
+        serde_json::json!({ "full": 1, "resumed": 1, "failed": 0 })
+    );
+    // (as configured)
+    assert_eq!(public["bind"], "127.0.0.1:0");
+    assert_eq!(inner["tls"], false);
+    assert_eq!(inner["tls_handshakes"], serde_json::Value::Null);
+    assert_eq!(inner["open"], 1, "{inner}");
+    assert_eq!(inner["handovers"]["chunked"], 0, "{inner}");
+    drop(kept);
 }
 
 #[tokio::test]
