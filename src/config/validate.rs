@@ -223,8 +223,12 @@ fn listeners(c: &mut Checker, raw: &RawConfig) -> Vec<ListenerConfig> {
                     handshake_timeout,
                 }),
                 Err(errors) => {
-                    for (i, field, message) in errors {
-                        c.report(format!("{tls_path}.certs[{i}].{field}"), message);
+                    for (at, message) in errors {
+                        let path = match at.as_str() {
+                            "" => tls_path.clone(),
+                            _ => format!("{tls_path}.{at}"),
+                        };
+                        c.report(path, message);
                     }
                     None
                 }

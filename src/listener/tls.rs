@@ -55,8 +55,14 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
-/// One problem with a certificate pair: (index, "cert" or "key", message).
-pub type CertProblem = (usize, &'static str, String);
+/// One problem with the listener's `tls`: (where under it, e.g.
+/// `certs[0].key`, or empty for the block itself; message).
+pub type TlsProblem = (String, String);
+
+/// Where under `tls` field `field` ("cert" or "key") of pair `i` is.
+fn pair_field(i: usize, field: &str) -> String {
+    format!("certs[{i}].{field}")
+}
 
 /// Builds the listener's rustls config from `(cert.pem, key.pem)` paths.
 /// With `session_tickets`, clients resume their sessions from tickets
@@ -70,7 +76,7 @@ pub type CertProblem = (usize, &'static str, String);
 pub fn server_config(
     pairs: &[(&str, &str)],
     session_tickets: bool,
-) -> Result<(Arc<rustls::ServerConfig>, Vec<String>), Vec<CertProblem>> {
+) -> Result<(Arc<rustls::ServerConfig>, Vec<String>), Vec<TlsProblem>> {
     let provider = Arc::new(default_provider());
     let mut problems = Vec::new();
     let mut exact = HashMap::new();
@@ -83,11 +89,17 @@ pub fn server_config(
         let chain = match chain {
             Ok(c) if !c.is_empty() => c,
             Ok(_) => {
-                problems.push((i, "cert", format!("{cert_path} holds no PEM certificate")));
+                problems.push((
+                    pair_field(i, "cert"),
+                    format!("{cert_path} holds no PEM certificate"),
+                ));
                 continue;
             }
             Err(e) => {
-                problems.push((i, "cert", format!("cannot load {cert_path}: {e}")));
+                problems.push((
+                    pair_field(i, "cert"),
+                    format!("cannot load {cert_path}: {e}"),
+                ));
                 continue;
             }
         };
@@ -95,8 +107,7 @@ pub fn server_config(
             Ok(k) => k,
             Err(e) => {
                 problems.push((
-                    i,
-                    "key",
+                    pair_field(i, "key"),
                     format!("cannot load a private key from {key_path}: {e}"),
                 ));
                 continue;
@@ -106,8 +117,7 @@ pub fn server_config(
             Ok(c) => Arc::new(c),
             Err(e) => {
                 problems.push((
-                    i,
-                    "key",
+                    pair_field(i, "key"),
                     format!("{key_path} does not fit {cert_path}: {e}"),
                 ));
                 continue;
@@ -116,7 +126,7 @@ pub fn server_config(
         let sans = match dns_names(&certified.cert[0]) {
             Ok(n) => n,
             Err(e) => {
-                problems.push((i, "cert", format!("{cert_path}: {e}")));
+                problems.push((pair_field(i, "cert"), format!("{cert_path}: {e}")));
                 continue;
             }
         };
@@ -147,13 +157,15 @@ pub fn server_config(
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| vec![(0, "cert", format!("tls setup failed: {e}"))])?
+        .map_err(|e| vec![(String::new(), format!("tls setup failed: {e}"))])?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     if session_tickets {
-        config.ticketer = Ticketer::new()
-            .map_err(|e| vec![(0, "cert", format!("cannot make session ticket keys: {e}"))])?;
+        config.ticketer = Ticketer::new().map_err(|e| {
+            let why = format!("cannot make session ticket keys: {e}");
+            vec![("session_tickets".to_owned(), why)]
+        })?;
     }
     Ok((Arc::new(config), names))
 }
