@@ -463,6 +463,7 @@ compare "allow: throughput vs nginx" tollgate-allow nginx-allow 4
 compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 7
 compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 7
 compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 4
+compare "redis: CPU per request vs the memory store" tollgate-redis tollgate-allow 7
 if [ -n "$BASELINE" ]; then
     compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 7
     compare "reject: CPU per request vs baseline" tollgate-reject baseline-reject 7
