@@ -349,6 +349,53 @@ async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
     );
 }
 
+/// A request whose bytes came in while another's job was being queued goes
+/// in the same call: the batcher lets the event loop poll its sockets once
+/// more before the call leaves. Here one request is woken by a read that
+/// completes only at the next poll, after the first request's job has
+/// woken the batcher (one thread: the order is the runtime's, not the
+/// clock's). Without that pass they cost two calls.
+#[tokio::test]
+async fn a_request_woken_in_the_same_turn_joins_the_call() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = RedisServer::start();
+    let limit = std::sync::Arc::new(fixed_window("turn", 10, 3_600_000));
+    let redis = std::sync::Arc::new(connect_one(&server, &limit).await);
+    let warm = [Check::new(&limit, "warm", 1)];
+    assert!(redis.decide(&warm).await.unwrap().decisions[0].admitted());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (mut accepted, _) = listener.accept().await.unwrap();
+    let decide = |redis: std::sync::Arc<RedisStore>, limit: std::sync::Arc<Limit>| async move {
+        let checks = [Check::new(&limit, "hot", 1)];
+        redis.decide(&checks).await.expect("decides").decisions[0]
+    };
+    let before = redis.calls();
+    // Waits for a byte, then decides.
+    let reader = tokio::spawn({
+        let (redis, limit) = (redis.clone(), limit.clone());
+        async move {
+            let mut byte = [0u8; 1];
+            accepted.read_exact(&mut byte).await.unwrap();
+            decide(redis, limit).await
+        }
+    });
+    tokio::task::yield_now().await;
+    // Sends that byte, then decides at once.
+    let writer = tokio::spawn({
+        let (redis, limit) = (redis.clone(), limit.clone());
+        async move {
+            client.write_all(b"x").await.unwrap();
+            decide(redis, limit).await
+        }
+    });
+    let (w, r) = (writer.await.unwrap(), reader.await.unwrap());
+    assert_eq!((w.remaining, r.remaining), (9, 8), "in the order they came");
+    assert_eq!(redis.calls() - before, 1, "one call for both requests");
+}
+
 /// A reload that changes a limit's numbers: Redis rescales the stored state
 /// the first time the new numbers read it (the numbers it was written
 /// under are kept with it), as the memory store does at the reload. 4 of 5

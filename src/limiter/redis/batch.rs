@@ -1,6 +1,7 @@
 //! Requests decided together: while a script call is in flight, new
 //! requests queue, and the next call carries all of them (up to
-//! `MAX_BATCH`) once its answer is back. Under light load every request
+//! `MAX_BATCH`) once its answer is back, with the requests that the same
+//! turn of the event loop woke (`gather`). Under light load every request
 //! goes alone, at once; under heavy load Redis runs one script per batch,
 //! reads each key once and writes it once, so a hot key costs one GET and
 //! one SET per batch instead of per request, and one client's requests in
@@ -30,6 +31,9 @@ use super::function::{evalsha_loading, Decide};
 /// Requests in one script call at most (Redis runs nothing else while a
 /// script runs).
 const MAX_BATCH: usize = 64;
+/// Passes of the event loop a batch waits at most for requests already
+/// woken (see `gather`).
+const GATHER_PASSES: usize = 4;
 /// Script calls in flight at once (each on the one multiplexed connection):
 /// the second only for a full batch.
 const IN_FLIGHT: usize = 2;
@@ -126,6 +130,7 @@ async fn run(
                 },
             }
         }
+        gather(&mut rx, &mut batch).await;
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
@@ -173,6 +178,27 @@ impl Drop for InFlight {
         // The slot first: the batcher, woken, counts the slots free.
         self.slot.take();
         self.answered.notify_one();
+    }
+}
+
+/// Lets the requests the event loop has already woken (heads read in the
+/// same turn, answers just handed out) queue their jobs before the call
+/// goes: each pass yields to every task ready now and to the I/O driver
+/// (`yield_now` resumes after it is polled), then takes what they queued.
+/// It stops when a pass brings nothing, the batch is full, or after
+/// `GATHER_PASSES` passes. A request alone costs one more poll of the
+/// driver; at 64 connections a call carries about twice the requests.
+async fn gather(rx: &mut mpsc::UnboundedReceiver<Queued>, batch: &mut Vec<Queued>) {
+    for _ in 0..GATHER_PASSES {
+        if batch.len() >= MAX_BATCH {
+            return;
+        }
+        tokio::task::yield_now().await;
+        let before = batch.len();
+        fill(rx, batch);
+        if batch.len() == before {
+            return;
+        }
     }
 }
 
