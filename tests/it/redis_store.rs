@@ -313,27 +313,40 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
     );
 }
 
+type Shared<T> = std::sync::Arc<T>;
+
+/// A Redis server and a store for a fixed window of `limit` an hour, its
+/// function loaded and its connection up (a call made on another key).
+async fn warmed(name: &str, limit: u64) -> (RedisServer, Shared<Limit>, Shared<RedisStore>) {
+    let server = RedisServer::start();
+    let limit = Shared::new(fixed_window(name, limit, 3_600_000));
+    let redis = Shared::new(connect_one(&server, &limit).await);
+    let warm = [Check::new(&limit, "warm", 1)];
+    assert!(redis.decide(&warm).await.unwrap().decisions[0].admitted());
+    (server, limit, redis)
+}
+
+/// One request on the key "hot", decided (on a task of its own).
+async fn decide_hot(
+    redis: Shared<RedisStore>,
+    limit: Shared<Limit>,
+) -> tollgate::limiter::Decision {
+    let checks = [Check::new(&limit, "hot", 1)];
+    redis.decide(&checks).await.expect("decides").decisions[0]
+}
+
 /// While a call is in flight, requests that arrive wait for its answer and
 /// then go together in one call, in the order they came: four requests 50
 /// ms apart while Redis is paused cost two calls (the first alone, then the
 /// other three), where a second call in flight would have made it three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
-    let server = RedisServer::start();
-    let limit = std::sync::Arc::new(fixed_window("together", 3, 3_600_000));
-    let redis = std::sync::Arc::new(connect_one(&server, &limit).await);
-    // The function loaded and the connection up, on another key.
-    let warm = [Check::new(&limit, "warm", 1)];
-    assert!(redis.decide(&warm).await.unwrap().decisions[0].admitted());
+    let (server, limit, redis) = warmed("together", 3).await;
     let before = redis.calls();
     server.cli(&["CLIENT", "PAUSE", "600", "ALL"]);
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let (redis, limit) = (redis.clone(), limit.clone());
-        tasks.push(tokio::spawn(async move {
-            let checks = [Check::new(&limit, "hot", 1)];
-            redis.decide(&checks).await.expect("decides").decisions[0]
-        }));
+        tasks.push(tokio::spawn(decide_hot(redis.clone(), limit.clone())));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut seen = Vec::new();
@@ -358,20 +371,12 @@ async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
 #[tokio::test]
 async fn a_request_woken_in_the_same_turn_joins_the_call() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let server = RedisServer::start();
-    let limit = std::sync::Arc::new(fixed_window("turn", 10, 3_600_000));
-    let redis = std::sync::Arc::new(connect_one(&server, &limit).await);
-    let warm = [Check::new(&limit, "warm", 1)];
-    assert!(redis.decide(&warm).await.unwrap().decisions[0].admitted());
+    let (_server, limit, redis) = warmed("turn", 10).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
     let (mut accepted, _) = listener.accept().await.unwrap();
-    let decide = |redis: std::sync::Arc<RedisStore>, limit: std::sync::Arc<Limit>| async move {
-        let checks = [Check::new(&limit, "hot", 1)];
-        redis.decide(&checks).await.expect("decides").decisions[0]
-    };
     let before = redis.calls();
     // Waits for a byte, then decides.
     let reader = tokio::spawn({
@@ -379,7 +384,7 @@ async fn a_request_woken_in_the_same_turn_joins_the_call() {
         async move {
             let mut byte = [0u8; 1];
             accepted.read_exact(&mut byte).await.unwrap();
-            decide(redis, limit).await
+            decide_hot(redis, limit).await
         }
     });
     tokio::task::yield_now().await;
@@ -388,7 +393,7 @@ async fn a_request_woken_in_the_same_turn_joins_the_call() {
         let (redis, limit) = (redis.clone(), limit.clone());
         async move {
             client.write_all(b"x").await.unwrap();
-            decide(redis, limit).await
+            decide_hot(redis, limit).await
         }
     });
     let (w, r) = (writer.await.unwrap(), reader.await.unwrap());
