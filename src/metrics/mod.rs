@@ -550,10 +550,6 @@ impl Metrics {
         self.global.key_resets.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition: OpenMetrics when `openmetrics`, else the Prometheus
-    /// text format.
-    /// The series of a per-listener counter split by `label`: one per
-    /// listener and kind, `count` reading a listener's count of kind `i`.
     /// Every listener's connection figures, in config order.
     pub fn listeners_report(&self) -> Vec<ListenerReport> {
         let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -574,6 +570,8 @@ impl Metrics {
             .collect()
     }
 
+    /// The series of a per-listener counter split by `label`: one per
+    /// listener and kind, `count` reading a listener's count of kind `i`.
     fn by_listener_and(
         &self,
         label: &'static str,
@@ -590,6 +588,8 @@ impl Metrics {
         series
     }
 
+    /// The exposition: OpenMetrics when `openmetrics`, else the Prometheus
+    /// text format.
     pub fn encode(self: &Arc<Self>, sources: Arc<dyn Sources>, openmetrics: bool) -> String {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Scrape {

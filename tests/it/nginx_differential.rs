@@ -212,26 +212,14 @@ async fn send(addr: SocketAddr, r: &Req, tls: &Tls) -> Verdict {
     let started = Instant::now();
     let tcp = socket.connect(addr).await.unwrap();
     let mut sender = match tls {
-        None => {
-            let (sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            sender
-        }
+        None => h1_over(tcp).await,
         Some(config) => {
             let name = rustls_pki_types::ServerName::try_from(r.host.to_owned()).unwrap();
             let stream = tokio_rustls::TlsConnector::from(config.clone())
                 .connect(name, tcp)
                 .await
                 .expect("TLS handshake");
-            let (sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            sender
+            h1_over(stream).await
         }
     };
     let mut req = http::Request::get(r.path).header("host", r.host);

@@ -347,11 +347,7 @@ async fn a_rotated_certificate_is_served_to_new_connections_and_old_ones_keep_wo
     };
     let old_tls = tls_connect(addr, client.clone(), "api.test").await;
     let before = served(&old_tls);
-    let (mut old_conn, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(old_tls))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut old_conn = h1_over(old_tls).await;
     let get_on = |path: &str| {
         http::Request::get(path)
             .header("host", "api.test")

@@ -99,10 +99,7 @@ async fn alpn_negotiates_h2_and_requests_are_forwarded() {
     )
     .await;
     assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut c = h1_over(s).await;
     let got = send1(&mut c, request("GET", "/tls1", empty())).await;
     assert_eq!(got.json()["headers"]["x-forwarded-proto"], "https");
 }
@@ -166,10 +163,7 @@ async fn tls_1_2_and_1_3_clients_are_both_served() {
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         let s = tls_connect(proxy.addr(), std::sync::Arc::new(cfg), "api.example.com").await;
         assert_eq!(s.get_ref().1.protocol_version(), Some(version.version));
-        let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let mut c = h1_over(s).await;
         assert_eq!(
             send1(&mut c, request("GET", "/v", empty())).await.status,
             200
@@ -199,10 +193,7 @@ async fn large_bodies_cross_tls_on_both_sides_intact() {
         "api.example.com",
     )
     .await;
-    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut c = h1_over(s).await;
 
     let got = send1(&mut c, request("POST", "/upload", pattern(SIZE))).await;
     assert_eq!(got.status, 200);
@@ -228,10 +219,7 @@ async fn one_session(
 ) -> rustls::HandshakeKind {
     let s = tls_connect(addr, config, "api.example.com").await;
     let kind = s.get_ref().1.handshake_kind().expect("handshake done");
-    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut c = h1_over(s).await;
     assert_eq!(
         send1(&mut c, request("GET", "/s", empty())).await.status,
         200

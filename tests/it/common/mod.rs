@@ -592,8 +592,16 @@ impl Got {
 }
 
 pub async fn h1(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<ClientBody> {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    h1_over(TcpStream::connect(addr).await.unwrap()).await
+}
+
+/// An HTTP/1.1 client on `io` (a TCP stream, a TLS session), its
+/// connection driven by a task of its own.
+pub async fn h1_over<S>(io: S) -> hyper::client::conn::http1::SendRequest<ClientBody>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .unwrap();
     tokio::spawn(conn.with_upgrades());
@@ -662,11 +670,7 @@ pub async fn send_with(
 pub async fn get_from(from: &str, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
-    let tcp = socket.connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h1_over(socket.connect(addr).await.unwrap()).await;
     let mut req = Request::get(path).header("host", "api.test");
     for (k, v) in headers {
         req = req.header(*k, *v);
