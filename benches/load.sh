@@ -54,7 +54,10 @@
 # seconds apart, then their median and range over the repetitions. Each
 # run also prints the hypervisor's steal over both cores (time the host gave
 # other guests; on a shared host, a run it slowed measures the neighbours),
-# and the summary its mean and maximum.
+# and the summary its mean and maximum; and the load core's CPU per request
+# (core 1's busy time: wrk and the upstream). At 64 connections core 1, not
+# the proxy, bounds throughput, so what each proxy makes the load core
+# spend per request sets its throughput and latency there.
 #
 # Needs nginx, wrk and redis-server (installed from Debian's packages when
 # missing) and two cores. Everything listens on 127.0.0.1 only and every
@@ -157,10 +160,18 @@ $2
 CONF
 }
 # The allow path, over plain HTTP and (TLS=1) over TLS.
+# nginx sends the upstream the request tollgate sends: the client's Host,
+# and the four forwarding fields tollgate always sets (DESIGN.md), so that
+# the upstream, which shares core 1 with wrk, parses the same head from
+# both proxies.
 allow_location='location / { limit_req zone=allow burst=1000 nodelay;
                           proxy_pass http://api; proxy_http_version 1.1;
                           proxy_set_header Connection "";
-                          proxy_set_header X-Forwarded-For $remote_addr; }'
+                          proxy_set_header Host $http_host;
+                          proxy_set_header X-Forwarded-For $remote_addr;
+                          proxy_set_header X-Real-IP $remote_addr;
+                          proxy_set_header X-Forwarded-Proto $scheme;
+                          proxy_set_header X-Forwarded-Host $http_host; }'
 nginx_conf nginx "    limit_req_zone \$binary_remote_addr zone=reject:10m rate=1r/m;
     server { listen 127.0.0.1:$((BASE_PORT + 1)); keepalive_requests 1000000;
              $allow_location }
@@ -267,6 +278,10 @@ hz=$(getconf CLK_TCK)
 steal() { # -> "seconds-now steal-ticks-of-cores-0-and-1"
     awk -v now="$(date +%s.%N)" '$1 == "cpu0" || $1 == "cpu1" { t += $9 } END { print now, t }' /proc/stat
 }
+load_core() { # -> busy ticks of core 1 (wrk, the upstream, Redis; what
+    # the kernel does there on their behalf included)
+    awk '$1 == "cpu1" { print $2 + $3 + $4 + $7 + $8 }' /proc/stat
+}
 per_req() { # ticks requests -> us per request
     awk -v t="$1" -v hz="$hz" -v n="$2" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }'
 }
@@ -294,13 +309,16 @@ measure() { # name conns port pids... -> sets $line and $stolen
     local scheme=http
     [[ $name == *-tls ]] && scheme=https
     on_core1 wrk -t1 -c"$conns" -d1s "${fields[@]}" "$scheme://127.0.0.1:$port/" >/dev/null # warm-up
-    local u0 s0 u1 s1 out t0 t1 st0 st1
+    local u0 s0 u1 s1 out t0 t1 st0 st1 l0 l1
     read -r u0 s0 < <(ticks "$@")
     read -r t0 st0 < <(steal)
+    l0=$(load_core)
     out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${fields[@]}" "$scheme://127.0.0.1:$port/")
+    l1=$(load_core)
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
+    load_ticks=$((l1 - l0))
     report "$name" "$conns" "$out" $((u1 - u0)) $((s1 - s0)) "$stolen"
 }
 stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
@@ -310,8 +328,9 @@ stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
         'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }'
 }
 report() { # name conns wrk-output user-ticks system-ticks steal [note]: prints
-    # the run, sets $line (the fields the summary reads)
-    local rps p50 p99 n cpu user sys
+    # the run, sets $line (the fields the summary reads); with $load_ticks
+    # set, core 1's busy ticks meanwhile, its CPU per request as well
+    local rps p50 p99 n cpu user sys load=nan
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$3")
     p50=$(awk '$1=="50%" {print $2}' <<<"$3")
     p99=$(awk '$1=="99%" {print $2}' <<<"$3")
@@ -319,9 +338,10 @@ report() { # name conns wrk-output user-ticks system-ticks steal [note]: prints
     cpu=$(per_req $(($4 + $5)) "$n")
     user=$(per_req "$4" "$n")
     sys=$(per_req "$5" "$n")
-    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  steal %s%%%s\n' \
-        "$1" "$2" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$6" "${7:-}" >&2
-    line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $6"
+    [ -n "${load_ticks:-}" ] && load=$(per_req "$load_ticks" "$n")
+    printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  load core %s  steal %s%%%s\n' \
+        "$1" "$2" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$load" "$6" "${7:-}" >&2
+    line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $6 $load"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
     awk -v v="$1" 'BEGIN { u = v; sub(/[0-9.]+/, "", u); x = v + 0;
@@ -351,6 +371,7 @@ together() { # conns "name port pids..." ...: those proxies under load at
         wrks+=($!)
     done
     wait "${wrks[@]}"
+    load_ticks= # core 1 served both
     read -r t1 st1 < <(steal)
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
     for i in "${!names[@]}"; do
@@ -421,7 +442,8 @@ fi
 # each repetition, between runs a few seconds apart (so a slow spell of the
 # host weighs on both sides of it), and the median of those is printed,
 # with the lowest and highest.
-median() { # name conns field(4 rps, 5 p50, 6 p99, 7 cpu, 8 user, 9 kernel, 10 steal %)
+median() { # name conns field(4 rps, 5 p50, 6 p99, 7 cpu, 8 user, 9 kernel, 10 steal %,
+    # 11 core 1's CPU per request)
     awk -v n="$1" -v c="c$2" -v f="$3" '$1 == n && $2 == c { print $f }' "$results" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
@@ -460,6 +482,7 @@ compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 8
 compare "allow: kernel CPU per request vs nginx" tollgate-allow nginx-allow 9
 compare "allow: p99 vs nginx" tollgate-allow nginx-allow 6
 compare "allow: throughput vs nginx" tollgate-allow nginx-allow 4
+compare "allow: load core's CPU per request vs nginx's" tollgate-allow nginx-allow 11
 compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 7
 compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 7
 compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 4
