@@ -318,8 +318,7 @@ measure() { # name conns port pids... -> sets $line and $stolen
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
-    load_ticks=$((l1 - l0))
-    report "$name" "$conns" "$out" $((u1 - u0)) $((s1 - s0)) "$stolen"
+    report "$name" "$conns" "$out" $((u1 - u0)) $((s1 - s0)) "$stolen" $((l1 - l0))
 }
 stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
     # hypervisor gave to other guests meanwhile (/proc/stat's steal), in %:
@@ -327,9 +326,9 @@ stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
     awk -v t0="$1" -v a="$2" -v t1="$3" -v b="$4" -v hz="$hz" \
         'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) / 2 * 100 }'
 }
-report() { # name conns wrk-output user-ticks system-ticks steal [note]: prints
-    # the run, sets $line (the fields the summary reads); with $load_ticks
-    # set, core 1's busy ticks meanwhile, its CPU per request as well
+report() { # name conns wrk-output user-ticks system-ticks steal load-ticks [note]:
+    # prints the run, sets $line (the fields the summary reads); load-ticks
+    # are core 1's busy ticks meanwhile, empty when unknown
     local rps p50 p99 n cpu user sys load=nan
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$3")
     p50=$(awk '$1=="50%" {print $2}' <<<"$3")
@@ -338,9 +337,9 @@ report() { # name conns wrk-output user-ticks system-ticks steal [note]: prints
     cpu=$(per_req $(($4 + $5)) "$n")
     user=$(per_req "$4" "$n")
     sys=$(per_req "$5" "$n")
-    [ -n "${load_ticks:-}" ] && load=$(per_req "$load_ticks" "$n")
+    [ -n "$7" ] && load=$(per_req "$7" "$n")
     printf '%-22s c%-4s %10s req/s  p50 %8s  p99 %8s  cpu %6s us/req (user %s, kernel %s)  load core %s  steal %s%%%s\n' \
-        "$1" "$2" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$load" "$6" "${7:-}" >&2
+        "$1" "$2" "$rps" "$p50" "$p99" "$cpu" "$user" "$sys" "$load" "$6" "${8:-}" >&2
     line="$rps $(to_ms "$p50") $(to_ms "$p99") $cpu $user $sys $6 $load"
 }
 to_ms() { # wrk latency (123.45us, 1.23ms, 1.20s) -> ms
@@ -371,14 +370,14 @@ together() { # conns "name port pids..." ...: those proxies under load at
         wrks+=($!)
     done
     wait "${wrks[@]}"
-    load_ticks= # core 1 served both
     read -r t1 st1 < <(steal)
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
     for i in "${!names[@]}"; do
         read -r u0 s0 <<<"${before[i]}"
         # shellcheck disable=SC2086
         read -r u1 s1 < <(ticks ${pids[i]})
-        report "together-${names[i]}" "$conns" "$(cat "$work/together.$i")" $((u1 - u0)) $((s1 - s0)) "$stolen" ", side by side"
+        # core 1 served both: no load core per proxy
+        report "together-${names[i]}" "$conns" "$(cat "$work/together.$i")" $((u1 - u0)) $((s1 - s0)) "$stolen" "" ", side by side"
         echo "together-${names[i]} c$conns $rep $line" >>"$results"
     done
 }
