@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
+use tollgate::clock::{Clock, FrozenClock};
 use tollgate::Config;
 
 fn config() -> &'static Config {
@@ -19,6 +20,13 @@ fn config() -> &'static Config {
     })
 }
 
+/// Stands still, so that a token's validity period reads the same on
+/// every run of an input.
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(|| FrozenClock::new().clock())
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut parts = data.splitn(3, |&b| b == b'\n');
     let mut headers = HeaderMap::new();
@@ -28,6 +36,6 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let Some(identity) = &config().identity {
-        let _ = identity.identify(&headers);
+        let _ = identity.identify(&headers, clock());
     }
 });
