@@ -472,19 +472,33 @@ for n in $names; do
     done
 done
 echo
-printf '%-48s %-17s %-17s\n' "ratio (tollgate / reference): median (range)" c64 c256
-compare() { # label a b field
-    printf '%-48s %-17s %-17s\n' "$1" "$(ratios "$2" "$3" 64 "$4")" "$(ratios "$2" "$3" 256 "$4")"
+printf '%-48s %-17s %-17s %s\n' "ratio (tollgate / reference): median (range)" c64 c256 "target: medians"
+# The target, when a row has one, is the cost goal's (see the README's
+# "Benchmarks"): "<=" or ">=" a bound, judged on each median.
+verdict() { # "op bound" c64 c256 -> "<= 1.0: met" / "<= 1.0: missed at c64"
+    [ -n "$1" ] || return 0
+    awk -v t="$1" -v a="${2%% *}" -v b="${3%% *}" 'BEGIN {
+        split(t, o, " "); miss = ""
+        if (a == "-" || b == "-") { printf "%s: not measured", t; exit }
+        if (o[1] == "<=" ? a + 0 > o[2] + 0 : a + 0 < o[2] + 0) miss = "c64"
+        if (o[1] == "<=" ? b + 0 > o[2] + 0 : b + 0 < o[2] + 0) miss = miss (miss ? " and " : "") "c256"
+        printf "%s: %s", t, miss ? "missed at " miss : "met" }'
 }
-compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 7
+compare() { # label a b field [target]
+    local lo hi
+    lo=$(ratios "$2" "$3" 64 "$4")
+    hi=$(ratios "$2" "$3" 256 "$4")
+    printf '%-48s %-17s %-17s %s\n' "$1" "$lo" "$hi" "$(verdict "${5:-}" "$lo" "$hi")"
+}
+compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 7 "<= 1.0"
 compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 8
 compare "allow: kernel CPU per request vs nginx" tollgate-allow nginx-allow 9
-compare "allow: p99 vs nginx" tollgate-allow nginx-allow 6
+compare "allow: p99 vs nginx" tollgate-allow nginx-allow 6 "<= 1.0"
 compare "allow: throughput vs nginx" tollgate-allow nginx-allow 4
 compare "allow: load core's CPU per request vs nginx's" tollgate-allow nginx-allow 11
-compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 7
-compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 7
-compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 4
+compare "reject: CPU per request vs nginx" tollgate-reject nginx-reject 7 "<= 1.0"
+compare "two tiers: CPU per request vs nginx (one zone)" tollgate-two-tiers nginx-allow 7 "<= 1.1"
+compare "redis: throughput vs the memory store" tollgate-redis tollgate-allow 4 ">= 0.8"
 compare "redis: CPU per request vs the memory store" tollgate-redis tollgate-allow 7
 if [ -n "$BASELINE" ]; then
     compare "allow: CPU per request vs baseline" tollgate-allow baseline-allow 7
@@ -532,7 +546,10 @@ split() { # pids... -> "anon X + file Y"
 awk -v r="$retried" -v lim="$MAX_STEAL" '$1 !~ /^together-/ { n++; s += $10; if ($10 > m) m = $10; if ($10 > lim) h++ }
     END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
 echo
-echo "peak RSS (MiB): nginx limit_req $(hwm $NGINX_PIDS), tollgate allow $(hwm "$TG_ALLOW"), reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
+rss_ng=$(hwm $NGINX_PIDS)
+rss_tg=$(hwm "$TG_ALLOW")
+echo "peak RSS (MiB): nginx limit_req $rss_ng, tollgate allow $rss_tg, reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
+awk -v n="$rss_ng" -v t="$rss_tg" 'BEGIN { printf "target: tollgate allow at most nginx + 5 MiB: %s\n", t + 0 <= n + 5 ? "met" : "missed" }'
 [ -n "$TLS" ] && echo "peak RSS over TLS (MiB): nginx $(hwm $NGINX_TLS_PIDS), tollgate $(hwm "$TG_TLS")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
 # 1M distinct keys through a 10MB zone: memory stays bounded by the zone.
