@@ -485,10 +485,11 @@ verdict() { # "op bound" c64 c256 -> "<= 1.0: met" / "<= 1.0: missed at c64"
         printf "%s: %s", t, miss ? "missed at " miss : "met" }'
 }
 compare() { # label a b field [target]
-    local lo hi
+    local lo hi line
     lo=$(ratios "$2" "$3" 64 "$4")
     hi=$(ratios "$2" "$3" 256 "$4")
-    printf '%-48s %-17s %-17s %s\n' "$1" "$lo" "$hi" "$(verdict "${5:-}" "$lo" "$hi")"
+    line=$(printf '%-48s %-17s %-17s %s' "$1" "$lo" "$hi" "$(verdict "${5:-}" "$lo" "$hi")")
+    echo "${line%"${line##*[! ]}"}"
 }
 compare "allow: CPU per request vs nginx limit_req" tollgate-allow nginx-allow 7 "<= 1.0"
 compare "allow: user CPU per request vs nginx" tollgate-allow nginx-allow 8
