@@ -36,6 +36,12 @@
 #       plain HTTP to the upstream), the two interleaved; each run's
 #       connections are new, so its 64 or 256 handshakes are counted in
 #       it, as both proxies' are
+#   H2=1 bash benches/load.sh
+#       also runs the allow path of both proxies over HTTP/2 (h2c with
+#       prior knowledge, h2load on core 1 in wrk's place: one connection
+#       per client, one stream at a time, like wrk's keep-alive runs; each
+#       proxy speaks HTTP/1.1 to the upstream), the two interleaved;
+#       latency percentiles are taken from h2load's log of every request
 #
 # The proxy under test runs alone on core 0 (`taskset`); the upstream,
 # Redis and wrk share core 1. Each proxy is measured on
@@ -44,8 +50,9 @@
 #   reject: a limit that rejects every request (429),
 # at 64 and 256 keep-alive connections; tollgate also with two tiers (a
 # zone and two route limits) and with the zone on Redis. At the end: the
-# peak RSS of each proxy, and a key churn (a million distinct keys through
-# a 10MB zone keyed by a header) to show memory stays bounded. Every run prints
+# peak RSS of each proxy, the memory an open connection costs each proxy
+# while it waits for its next request, and a key churn (a million distinct
+# keys through a 10MB zone keyed by a header) to show memory stays bounded. Every run prints
 # requests/s, p50/p99 latency and the proxy's CPU time per request (user +
 # system, from /proc/<pid>/stat of every process of the proxy, and each of
 # the two apart: user space is the proxy's own code, kernel the TCP path it
@@ -74,6 +81,7 @@ DASHBOARD=${DASHBOARD:-}
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
 HEADS=${HEADS:-}
 TLS=${TLS:-}
+H2=${H2:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
 HEAD_FIELDS=(
@@ -101,6 +109,7 @@ command -v wrk >/dev/null || need+=(wrk)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v taskset >/dev/null || need+=(util-linux)
 [ -n "$TLS" ] && { command -v openssl >/dev/null || need+=(openssl); }
+[ -n "$H2" ] && { command -v h2load >/dev/null || need+=(nghttp2-client); }
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -189,6 +198,10 @@ if [ -n "$TLS" ]; then
              ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;
              $allow_location }"
 fi
+# H2=1: nginx's allow server over HTTP/2 (h2c: `http2` on a plain listener
+# takes the prior-knowledge preface), a worker of its own like TLS's.
+[ -n "$H2" ] && nginx_conf nginx-h2 "    server { listen 127.0.0.1:$((BASE_PORT + 4)) http2; keepalive_requests 1000000;
+             $allow_location }"
 # tollgate on one core (its runtime's workers share it).
 tollgate_config() { # file port admin-port zone-rate limits(yes/no) store
     {
@@ -221,6 +234,9 @@ if [ -n "$TLS" ]; then
     tollgate_config "$work/tls.yaml" $((BASE_PORT + 16)) $((BASE_PORT + 56)) 100000000r/s no ""
     sed -i "s|\" }]|\", tls: { certs: [{ cert: $work/cert.pem, key: $work/key.pem }] } }]|" "$work/tls.yaml"
 fi
+# H2=1: the allow config on a process of its own (every plain listener
+# takes h2c), so that the peak RSS above stays that of HTTP/1.1 runs.
+[ -n "$H2" ] && tollgate_config "$work/h2.yaml" $((BASE_PORT + 17)) $((BASE_PORT + 57)) 100000000r/s no ""
 cat > "$work/churn.lua" <<'LUA'
 counter = 0
 request = function()
@@ -234,6 +250,7 @@ sed "s/$((BASE_PORT + 12))/$((BASE_PORT + 22))/; s/$((BASE_PORT + 52))/$((BASE_P
 on_core1 "$NGINX" -c "$work/up.conf"
 on_core0 "$NGINX" -c "$work/nginx.conf"
 [ -n "$TLS" ] && on_core0 "$NGINX" -c "$work/nginx-tls.conf"
+[ -n "$H2" ] && on_core0 "$NGINX" -c "$work/nginx-h2.conf"
 on_core1 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
 start_tollgate() { # binary config -> pid (taskset execs the binary)
@@ -249,6 +266,9 @@ TG_CHURN=$(start_tollgate "$TOLLGATE" "$work/churn.yaml"); pids+=("$TG_CHURN")
 if [ -n "$TLS" ]; then
     TG_TLS=$(start_tollgate "$TOLLGATE" "$work/tls.yaml"); pids+=("$TG_TLS")
 fi
+if [ -n "$H2" ]; then
+    TG_H2=$(start_tollgate "$TOLLGATE" "$work/h2.yaml"); pids+=("$TG_H2")
+fi
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -263,8 +283,15 @@ if [ -n "$TLS" ]; then
             { echo "load.sh: nothing answers over TLS on $port" >&2; cat "$work"/*.log "$work/nginx-tls.err" >&2; exit 1; }
     done
 fi
+if [ -n "$H2" ]; then
+    for port in $((BASE_PORT + 4)) $((BASE_PORT + 17)); do
+        curl -fsS --http2-prior-knowledge "http://127.0.0.1:$port/" >/dev/null ||
+            { echo "load.sh: nothing answers over HTTP/2 on $port" >&2; cat "$work"/*.log "$work/nginx-h2.err" >&2; exit 1; }
+    done
+fi
 NGINX_PIDS="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
 [ -n "$TLS" ] && NGINX_TLS_PIDS="$(cat "$work/nginx-tls.pid") $(pgrep -P "$(cat "$work/nginx-tls.pid")" | tr '\n' ' ')"
+[ -n "$H2" ] && NGINX_H2_PIDS="$(cat "$work/nginx-h2.pid") $(pgrep -P "$(cat "$work/nginx-h2.pid")" | tr '\n' ' ')"
 
 ticks() { # pids... -> "user system" ticks of them all
     local u=0 s=0 p a b
@@ -308,17 +335,28 @@ measure() { # name conns port pids... -> sets $line and $stolen
     [[ $name == *-heads ]] && fields=("${HEAD_FIELDS[@]}")
     local scheme=http
     [[ $name == *-tls ]] && scheme=https
-    on_core1 wrk -t1 -c"$conns" -d1s "${fields[@]}" "$scheme://127.0.0.1:$port/" >/dev/null # warm-up
+    local -a load=(on_core1 wrk -t1 -c"$conns")
+    [[ $name == *-h2 ]] && load=(h2_load "$conns")
+    "${load[@]}" -d1s "${fields[@]}" "$scheme://127.0.0.1:$port/" >/dev/null # warm-up
     local u0 s0 u1 s1 out t0 t1 st0 st1 l0 l1
     read -r u0 s0 < <(ticks "$@")
     read -r t0 st0 < <(steal)
     l0=$(load_core)
-    out=$(on_core1 wrk -t1 -c"$conns" -d"$DURATION" --latency "${fields[@]}" "$scheme://127.0.0.1:$port/")
+    out=$("${load[@]}" -d"$DURATION" --latency "${fields[@]}" "$scheme://127.0.0.1:$port/")
     l1=$(load_core)
     read -r t1 st1 < <(steal)
     read -r u1 s1 < <(ticks "$@")
     stolen=$(stolen_share "$t0" "$st0" "$t1" "$st1")
     report "$name" "$conns" "$out" $((u1 - u0)) $((s1 - s0)) "$stolen" $((l1 - l0))
+}
+h2_load() { # conns -dDURATION [--latency] url: h2load over h2c, one stream
+    # per connection at a time, its summary put the way wrk prints it (the
+    # lines report reads; the percentiles from its log of every request)
+    local conns=$1 duration=${2#-d} url=${*: -1} out
+    out=$(on_core1 h2load -c"$conns" -m1 -D "$duration" --log-file="$work/h2load.log" "$url")
+    awk '/^requests:/ { print $8, "requests in" } /^finished in/ { print "Requests/sec:", $4 + 0 }' <<<"$out"
+    awk '$2 >= 200 && $2 < 300 { print $3 }' "$work/h2load.log" | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR) { printf "50%% %dus\n99%% %dus\n", v[int(NR * 0.5) + 1], v[int(NR * 0.99) + 1] } }'
 }
 stolen_share() { # t0 steal0 t1 steal1 -> the share of the two cores the
     # hypervisor gave to other guests meanwhile (/proc/stat's steal), in %:
@@ -405,6 +443,10 @@ plan=(
     "nginx-allow-tls $((BASE_PORT + 3)) $NGINX_TLS_PIDS"
     "tollgate-allow-tls $((BASE_PORT + 16)) $TG_TLS"
 )
+[ -n "$H2" ] && plan+=(
+    "nginx-allow-h2 $((BASE_PORT + 4)) $NGINX_H2_PIDS"
+    "tollgate-allow-h2 $((BASE_PORT + 17)) $TG_H2"
+)
 for rep in $(seq "$REPS"); do
     order=$(seq 0 $((${#plan[@]} - 1)))
     [ $((rep % 2)) -eq 0 ] && order=$(seq $((${#plan[@]} - 1)) -1 0)
@@ -462,6 +504,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
 [ -n "$HEADS" ] && names="$names nginx-allow-heads tollgate-allow-heads"
 [ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
+[ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -516,6 +559,12 @@ if [ -n "$TLS" ]; then
     compare "TLS: user CPU per request vs nginx" tollgate-allow-tls nginx-allow-tls 8
     compare "TLS: p99 vs nginx" tollgate-allow-tls nginx-allow-tls 6
 fi
+if [ -n "$H2" ]; then
+    compare "HTTP/2: CPU per request vs nginx" tollgate-allow-h2 nginx-allow-h2 7
+    compare "HTTP/2: user CPU per request vs nginx" tollgate-allow-h2 nginx-allow-h2 8
+    compare "HTTP/2: p99 vs nginx" tollgate-allow-h2 nginx-allow-h2 6
+    compare "HTTP/2: throughput vs nginx" tollgate-allow-h2 nginx-allow-h2 4
+fi
 if [ -n "$SIDE_BY_SIDE" ]; then
     compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7
     compare "side by side: user CPU per request vs nginx" together-tollgate-allow together-nginx-allow 8
@@ -552,7 +601,74 @@ rss_tg=$(hwm "$TG_ALLOW")
 echo "peak RSS (MiB): nginx limit_req $rss_ng, tollgate allow $rss_tg, reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
 awk -v n="$rss_ng" -v t="$rss_tg" 'BEGIN { printf "target: tollgate allow at most nginx + 5 MiB: %s\n", t + 0 <= n + 5 ? "met" : "missed" }'
 [ -n "$TLS" ] && echo "peak RSS over TLS (MiB): nginx $(hwm $NGINX_TLS_PIDS), tollgate $(hwm "$TG_TLS")"
+[ -n "$H2" ] && echo "peak RSS over HTTP/2 (MiB): nginx $(hwm $NGINX_H2_PIDS), tollgate $(hwm "$TG_H2")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
+# What an open connection costs while it waits for its next request (a
+# browser's or an API client's keep-alive connection): IDLE_CONNS of them
+# (1000, fewer under a low open-files limit) to a fresh process of each
+# proxy, one request on each, all left open; the growth of the process's
+# resident memory, per connection. With H2=1 as many again over HTTP/2
+# (h2c), the first ones still open. nginx allocates its connection
+# structures for worker_connections when it starts, so they are not in
+# its figure.
+idle_n=$((($(ulimit -n) - 100) / 2))
+[ "${IDLE_CONNS:-1000}" -lt "$idle_n" ] && idle_n=${IDLE_CONNS:-1000}
+nginx_conf nginx-idle "    server { listen 127.0.0.1:$((BASE_PORT + 5)); keepalive_requests 1000000;
+             $allow_location }
+    server { listen 127.0.0.1:$((BASE_PORT + 6)) http2; keepalive_requests 1000000;
+             $allow_location }"
+tollgate_config "$work/idle.yaml" $((BASE_PORT + 18)) $((BASE_PORT + 58)) 100000000r/s no ""
+on_core0 "$NGINX" -c "$work/nginx-idle.conf"
+TG_IDLE=$(start_tollgate "$TOLLGATE" "$work/idle.yaml"); pids+=("$TG_IDLE")
+sleep 1
+NGINX_IDLE_PIDS="$(cat "$work/nginx-idle.pid") $(pgrep -P "$(cat "$work/nginx-idle.pid")" | tr '\n' ' ')"
+# h2c: the preface, empty SETTINGS, and one HEADERS frame (GET / for
+# 127.0.0.1: HPACK's static table, and the authority as a literal).
+h2_get='PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x0e\x01\x05\x00\x00\x00\x01\x82\x86\x84\x41\x09127.0.0.1'
+idle_fds=()
+rss_kib() { # pids... -> resident KiB now
+    local kb=0 p
+    for p in "$@"; do kb=$((kb + $(awk '/VmRSS/ {print $2}' "/proc/$p/status"))); done
+    echo "$kb"
+}
+idle_cost() { # port h1|h2 pids... -> sets $per_conn (KiB): opens $idle_n
+    # connections, one request on each, and leaves them open (in this
+    # shell, not a subshell, so that they stay open)
+    local before fd i line
+    before=$(rss_kib "${@:3}")
+    for ((i = 0; i < idle_n; i++)); do
+        exec {fd}<>"/dev/tcp/127.0.0.1/$1"
+        if [ "$2" = h2 ]; then
+            # shellcheck disable=SC2059 # the frames are the format
+            printf "$h2_get" >&"$fd"
+        else
+            printf 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n' >&"$fd"
+        fi
+        idle_fds+=("$fd")
+    done
+    sleep 1
+    if [ "$2" = h1 ]; then
+        read -r -t 2 -u "$fd" line || true
+        [[ $line == "HTTP/1.1 200"* ]] || echo "load.sh: an idle connection on $1 was not answered: ${line:-nothing}" >&2
+    fi
+    per_conn=$(awk -v a="$before" -v b="$(rss_kib "${@:3}")" -v n="$idle_n" 'BEGIN { printf "%.1f", (b - a) / n }')
+}
+close_idle() {
+    local fd
+    for fd in "${idle_fds[@]}"; do exec {fd}>&-; done
+    idle_fds=()
+}
+# shellcheck disable=SC2086 # nginx's pids, split
+idle_cost $((BASE_PORT + 5)) h1 $NGINX_IDLE_PIDS
+idle="HTTP/1.1 nginx $per_conn"
+# shellcheck disable=SC2086
+[ -n "$H2" ] && idle_cost $((BASE_PORT + 6)) h2 $NGINX_IDLE_PIDS && idle_h2="HTTP/2 nginx $per_conn"
+close_idle
+idle_cost $((BASE_PORT + 18)) h1 "$TG_IDLE"
+idle="$idle, tollgate $per_conn"
+[ -n "$H2" ] && idle_cost $((BASE_PORT + 18)) h2 "$TG_IDLE" && idle_h2="$idle_h2, tollgate $per_conn"
+close_idle
+echo "memory per open connection waiting for its next request (KiB, $idle_n after one request each): $idle${H2:+; $idle_h2}"
 # 1M distinct keys through a 10MB zone: memory stays bounded by the zone.
 churned=0
 before=$(hwm "$TG_CHURN")
