@@ -1,8 +1,9 @@
 //! tollgate's own HTTP/1.x server (`listener::h1`) as a client meets it,
-//! byte for byte: pipelining, HTTP/1.0, HEAD, bodies that came with their
-//! head, connections that move to hyper half-way (a chunked body) and
-//! keep working, response framing when the upstream gives no length, and
-//! a client hanging up on a request in flight.
+//! byte for byte: pipelining, HTTP/1.0, HEAD, heads that come in pieces
+//! after the connection waited, bodies that came with their head,
+//! connections that move to hyper half-way (a chunked body) and keep
+//! working, response framing when the upstream gives no length, and a
+//! client hanging up on a request in flight.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -110,6 +111,35 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     assert_eq!(three.echoed()["uri"], "/three?x=1");
     assert_eq!(three.header("connection"), Some("close"));
     assert!(closed(&mut c).await, "closed after the request that asked");
+    assert_eq!(up.hits(), 3);
+}
+
+#[tokio::test]
+async fn a_head_that_comes_in_pieces_after_the_connection_waited_is_read_whole() {
+    // Between requests the connection holds no read buffer; a head that
+    // then arrives a piece at a time must keep what came so far.
+    let up = Upstream::spawn().await;
+    let proxy = TestProxy::spawn(&proxied(&up)).await;
+    let mut c = connect(proxy.addr()).await;
+    send(&mut c, b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(read_response(&mut c, false).await.echoed()["uri"], "/one");
+    // These sleeps pace the client: the server waits with nothing
+    // buffered, then between the pieces with part of a head.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for piece in [
+            &b"GET /two HT"[..],
+            b"TP/1.1\r\nHost: a\r\nX-Pie",
+            b"ce: yes\r\n\r\n",
+        ] {
+            send(&mut c, piece).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let two = read_response(&mut c, false).await;
+        assert_eq!(two.status, "HTTP/1.1 200 OK");
+        assert_eq!(two.echoed()["uri"], "/two");
+        assert_eq!(two.echoed()["headers"]["x-piece"], "yes");
+    }
     assert_eq!(up.hits(), 3);
 }
 
