@@ -215,7 +215,13 @@ pub(super) async fn serve<I>(
         // Each request runs on the config current when it arrives.
         let pipeline = live.load_full();
         let info = info.clone();
-        async move { Ok::<_, Infallible>(pipeline.handle(req, &info).await) }
+        async move {
+            // Built in its box, as on the HTTP/1.x fast path: hyper moves
+            // this future into a task of its own per HTTP/2 stream, and the
+            // pipeline's future (kilobytes) would be copied along with it.
+            let handled = Box::into_pin(Box::write(Box::new_uninit(), pipeline.handle(req, &info)));
+            Ok::<_, Infallible>(handled.await)
+        }
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
     let conn = ctx
