@@ -577,21 +577,21 @@ fi
 
 # Peak resident memory (VmHWM, summed over the proxy's processes) after
 # all the runs above, c256 included.
-hwm() { # pids... -> MiB
+status_kib() { # field pids... -> that field of /proc/<pid>/status (kB),
+    # summed over the proxy's processes
     local kb=0 p
-    for p in "$@"; do kb=$((kb + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done
-    awk -v k="$kb" 'BEGIN { printf "%.1f", k / 1024 }'
+    for p in "${@:2}"; do kb=$((kb + $(awk -v f="$1:" '$1 == f {print $2}' "/proc/$p/status"))); done
+    echo "$kb"
+}
+hwm() { # pids... -> MiB
+    awk -v k="$(status_kib VmHWM "$@")" 'BEGIN { printf "%.1f", k / 1024 }'
 }
 # What is resident now, split into private memory (heap, stacks) and file
 # pages (the binary's and the libraries' code, shared with the page cache):
 # the first is what each connection and key costs.
 split() { # pids... -> "anon X + file Y"
-    local a=0 f=0 p
-    for p in "$@"; do
-        a=$((a + $(awk '/RssAnon/ {print $2}' "/proc/$p/status")))
-        f=$((f + $(awk '/RssFile/ {print $2}' "/proc/$p/status")))
-    done
-    awk -v a="$a" -v f="$f" 'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
+    awk -v a="$(status_kib RssAnon "$@")" -v f="$(status_kib RssFile "$@")" \
+        'BEGIN { printf "anon %.1f + file %.1f", a / 1024, f / 1024 }'
 }
 awk -v r="$retried" -v lim="$MAX_STEAL" '$1 !~ /^together-/ { n++; s += $10; if ($10 > m) m = $10; if ($10 > lim) h++ }
     END { printf "hypervisor steal (both cores, per run counted): mean %.1f%%, max %.1f%%; %d of %d runs above %s%% (%d tries measured again)\n", s / n, m, h, n, lim, r }' "$results"
@@ -626,16 +626,11 @@ NGINX_IDLE_PIDS="$(cat "$work/nginx-idle.pid") $(pgrep -P "$(cat "$work/nginx-id
 # 127.0.0.1: HPACK's static table, and the authority as a literal).
 h2_get='PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x0e\x01\x05\x00\x00\x00\x01\x82\x86\x84\x41\x09127.0.0.1'
 idle_fds=()
-rss_kib() { # pids... -> resident KiB now
-    local kb=0 p
-    for p in "$@"; do kb=$((kb + $(awk '/VmRSS/ {print $2}' "/proc/$p/status"))); done
-    echo "$kb"
-}
 idle_cost() { # port h1|h2 pids... -> sets $per_conn (KiB): opens $idle_n
     # connections, one request on each, and leaves them open (in this
     # shell, not a subshell, so that they stay open)
     local before fd i line
-    before=$(rss_kib "${@:3}")
+    before=$(status_kib VmRSS "${@:3}")
     for ((i = 0; i < idle_n; i++)); do
         exec {fd}<>"/dev/tcp/127.0.0.1/$1"
         if [ "$2" = h2 ]; then
@@ -651,7 +646,7 @@ idle_cost() { # port h1|h2 pids... -> sets $per_conn (KiB): opens $idle_n
         read -r -t 2 -u "$fd" line || true
         [[ $line == "HTTP/1.1 200"* ]] || echo "load.sh: an idle connection on $1 was not answered: ${line:-nothing}" >&2
     fi
-    per_conn=$(awk -v a="$before" -v b="$(rss_kib "${@:3}")" -v n="$idle_n" 'BEGIN { printf "%.1f", (b - a) / n }')
+    per_conn=$(awk -v a="$before" -v b="$(status_kib VmRSS "${@:3}")" -v n="$idle_n" 'BEGIN { printf "%.1f", (b - a) / n }')
 }
 close_idle() {
     local fd

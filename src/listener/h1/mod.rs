@@ -227,7 +227,8 @@ where
             let _ = io.shutdown().await;
             return None;
         }
-        // An idle connection keeps a first-size buffer at most.
+        // A buffer grown for a large head or body goes back before the
+        // next read (one waiting for a request holds none at all).
         if buf.is_empty() && buf.capacity() > FIRST_READ {
             buf = BytesMut::new();
         }
