@@ -335,17 +335,18 @@ async fn decide_hot(
     redis.decide(&checks).await.expect("decides").decisions[0]
 }
 
-/// While a call is in flight, requests that arrive wait for its answer and
-/// then go together in one call, in the order they came: four requests 50
-/// ms apart while Redis is paused cost two calls (the first alone, then the
-/// other three), where a second call in flight would have made it three.
+/// Two calls go at once; while both are in flight, requests that arrive
+/// wait for an answer and then go together in one call, in the order they
+/// came: five requests 50 ms apart while Redis is paused cost three calls
+/// (the first two alone, then the other three), where a call each would
+/// have made it five and one call in flight two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
+async fn requests_arriving_while_two_calls_are_in_flight_wait_and_go_together() {
     let (server, limit, redis) = warmed("together", 3).await;
     let before = redis.calls();
     server.cli(&["CLIENT", "PAUSE", "600", "ALL"]);
     let mut tasks = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         tasks.push(tokio::spawn(decide_hot(redis.clone(), limit.clone())));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -354,11 +355,14 @@ async fn requests_arriving_during_a_call_wait_for_it_and_go_together() {
         let d = task.await.unwrap();
         seen.push((d.admitted(), d.remaining));
     }
-    assert_eq!(seen, [(true, 2), (true, 1), (true, 0), (false, 0)]);
+    assert_eq!(
+        seen,
+        [(true, 2), (true, 1), (true, 0), (false, 0), (false, 0)]
+    );
     assert_eq!(
         redis.calls() - before,
-        2,
-        "one call for the first request, one for the rest"
+        3,
+        "one call each for the first two requests, one for the rest"
     );
 }
 

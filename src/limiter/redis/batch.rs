@@ -1,19 +1,26 @@
-//! Requests decided together: while a script call is in flight, new
-//! requests queue, and the next call carries all of them (up to
-//! `MAX_BATCH`) once its answer is back, with the requests that the same
-//! turn of the event loop woke (`gather`). Under light load every request
+//! Requests decided together: each script call carries every request
+//! queued when it leaves (up to `MAX_BATCH`), with the requests that the
+//! same turn of the event loop woke (`gather`). Two calls may be in flight
+//! on the one connection; while both are, new requests queue, and the next
+//! call takes them when one answer is back. Under light load every request
 //! goes alone, at once; under heavy load Redis runs one script per batch,
 //! reads each key once and writes it once, so a hot key costs one GET and
 //! one SET per batch instead of per request, and one client's requests in
 //! a row go as one run (their keys and checks once). Decisions are exactly
 //! those of separate calls, made one after the other in queue order within
-//! one atomic script run.
+//! one atomic script run; Redis runs the calls of one connection in the
+//! order they were sent, so two in flight keep that order.
 //!
-//! One call at a time, not two: most of what a call costs Redis is the
-//! call itself (waking up, reading, writing, starting the script), not its
-//! requests, so fewer and larger calls cost it less per request. A full
-//! batch does not wait: it goes at once on a second call, so the batch
-//! size, which keeps each script run short, never caps the rate.
+//! Two calls, not one: with one, every request waits for the call in
+//! flight before its own leaves, and at 64 connections nearly all of them
+//! ride the same call, so the proxy and Redis take turns instead of
+//! working together. With two, a request waits at most for one answer.
+//! Fewer, larger calls would cost Redis less per request, and that is what
+//! heavy load gets: once both calls are in flight the queue grows until
+//! one is back.
+//!
+//! The batcher drives its calls itself rather than spawning a task per
+//! call: a task is one more turn of the run queue before the call leaves.
 //!
 //! Only for a single Redis node: on a cluster a batch would cross slots.
 
@@ -21,9 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::Script;
 use smallvec::SmallVec;
-use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{Conn, Link};
 use super::function::{evalsha_loading, Decide};
@@ -31,11 +39,7 @@ use super::function::{evalsha_loading, Decide};
 /// Requests in one script call at most (Redis runs nothing else while a
 /// script runs).
 const MAX_BATCH: usize = 64;
-/// Passes of the event loop a batch waits at most for requests already
-/// woken (see `gather`).
-const GATHER_PASSES: usize = 4;
-/// Script calls in flight at once (each on the one multiplexed connection):
-/// the second only for a full batch.
+/// Script calls in flight at once, each on the one multiplexed connection.
 const IN_FLIGHT: usize = 2;
 
 /// One request's part of a script call: its keys, and its checks as one
@@ -102,103 +106,71 @@ async fn run(
     timeout: Duration,
     calls: Arc<AtomicU64>,
 ) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    // Signalled as each call's answers are handed out.
-    let answered = Arc::new(Notify::new());
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut flying = FuturesUnordered::new();
     // Whether requests may still come (false once the store is dropped):
-    // what is queued then still goes, and the next wait ends the loop.
+    // the calls in flight still end, then the loop does.
     let mut open = true;
     loop {
-        // (the batch is empty here: each call takes it whole)
-        match rx.recv().await {
-            Some(q) => batch.push(q),
-            None => return,
-        }
-        fill(&mut rx, &mut batch);
-        // While a call is in flight, the batch grows until its answer is
-        // back, unless it fills first.
-        while open && batch.len() < MAX_BATCH && slots.available_permits() < IN_FLIGHT {
-            tokio::select! {
-                _ = answered.notified() => {}
-                q = rx.recv() => match q {
-                    Some(q) => {
-                        batch.push(q);
-                        fill(&mut rx, &mut batch);
-                    }
-                    None => open = false,
-                },
-            }
-        }
-        gather(&mut rx, &mut batch).await;
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        // Callers that gave up (timed out) are not decided for nothing.
-        batch.retain(|(_, reply)| !reply.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
-        let batch = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-        let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
-        let in_flight = InFlight {
-            slot: Some(slot),
-            answered: answered.clone(),
-        };
-        tokio::spawn(async move {
-            let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
-            let answers = call(&link, &decide, &calls, 0, &jobs, timeout).await;
-            match answers {
-                Ok(each) => {
-                    for (reply, answer) in replies.into_iter().zip(each) {
-                        let _ = reply.send(Ok(answer));
-                    }
-                }
-                Err(failure) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(failure.clone()));
-                    }
+        tokio::select! {
+            // Answers first: the next call then takes what queued meanwhile.
+            biased;
+            Some(()) = flying.next(), if !flying.is_empty() => {}
+            q = rx.recv(), if open && flying.len() < IN_FLIGHT => {
+                let Some(q) = q else {
+                    open = false;
+                    continue;
+                };
+                let mut batch = Vec::with_capacity(MAX_BATCH);
+                batch.push(q);
+                fill(&mut rx, &mut batch);
+                gather(&mut rx, &mut batch).await;
+                // Callers that gave up (timed out) are not decided for nothing.
+                batch.retain(|(_, reply)| !reply.is_closed());
+                if !batch.is_empty() {
+                    let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
+                    flying.push(fly(link, decide, calls, timeout, batch));
                 }
             }
-            // (named here, so the task holds it until the answers are out)
-            drop(in_flight);
-        });
+            else => return,
+        }
     }
 }
 
-/// A call's place in flight: given back, and the batcher told, when the
-/// call ends, however it ends.
-struct InFlight {
-    slot: Option<OwnedSemaphorePermit>,
-    answered: Arc<Notify>,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        // The slot first: the batcher, woken, counts the slots free.
-        self.slot.take();
-        self.answered.notify_one();
+/// One call for `batch`, its answers handed out as it ends, however it
+/// ends.
+async fn fly(
+    link: Arc<Link>,
+    decide: Arc<Decide>,
+    calls: Arc<AtomicU64>,
+    timeout: Duration,
+    batch: Vec<Queued>,
+) {
+    let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
+    match call(&link, &decide, &calls, 0, &jobs, timeout).await {
+        Ok(each) => {
+            for (reply, answer) in replies.into_iter().zip(each) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Err(failure) => {
+            for reply in replies {
+                let _ = reply.send(Err(failure.clone()));
+            }
+        }
     }
 }
 
 /// Lets the requests the event loop has already woken (heads read in the
 /// same turn, answers just handed out) queue their jobs before the call
-/// goes: each pass yields to every task ready now and to the I/O driver
+/// goes: one pass yields to every task ready now and to the I/O driver
 /// (`yield_now` resumes after it is polled), then takes what they queued.
-/// It stops when a pass brings nothing, the batch is full, or after
-/// `GATHER_PASSES` passes. A request alone costs one more poll of the
-/// driver; at 64 connections a call carries about twice the requests.
+/// A request alone costs one more poll of the driver. One pass, not more:
+/// with more, at 64 connections nearly every request waited for the same
+/// call, and the proxy and Redis took turns.
 async fn gather(rx: &mut mpsc::UnboundedReceiver<Queued>, batch: &mut Vec<Queued>) {
-    for _ in 0..GATHER_PASSES {
-        if batch.len() >= MAX_BATCH {
-            return;
-        }
+    if batch.len() < MAX_BATCH {
         tokio::task::yield_now().await;
-        let before = batch.len();
         fill(rx, batch);
-        if batch.len() == before {
-            return;
-        }
     }
 }
 
