@@ -14,7 +14,8 @@
 //! Two calls, not one: with one, every request waits for the call in
 //! flight before its own leaves, and at 64 connections nearly all of them
 //! ride the same call, so the proxy and Redis take turns instead of
-//! working together. With two, a request waits at most for one answer.
+//! working together. With two, a request waits for at most one answer
+//! before its own call leaves.
 //! Fewer, larger calls would cost Redis less per request, and that is what
 //! heavy load gets: once both calls are in flight the queue grows until
 //! one is back.
@@ -127,8 +128,7 @@ async fn run(
                 // Callers that gave up (timed out) are not decided for nothing.
                 batch.retain(|(_, reply)| !reply.is_closed());
                 if !batch.is_empty() {
-                    let (link, decide, calls) = (link.clone(), decide.clone(), calls.clone());
-                    flying.push(fly(link, decide, calls, timeout, batch));
+                    flying.push(fly(&link, &decide, &calls, timeout, batch));
                 }
             }
             else => return,
@@ -139,14 +139,14 @@ async fn run(
 /// One call for `batch`, its answers handed out as it ends, however it
 /// ends.
 async fn fly(
-    link: Arc<Link>,
-    decide: Arc<Decide>,
-    calls: Arc<AtomicU64>,
+    link: &Link,
+    decide: &Decide,
+    calls: &AtomicU64,
     timeout: Duration,
     batch: Vec<Queued>,
 ) {
     let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
-    match call(&link, &decide, &calls, 0, &jobs, timeout).await {
+    match call(link, decide, calls, 0, &jobs, timeout).await {
         Ok(each) => {
             for (reply, answer) in replies.into_iter().zip(each) {
                 let _ = reply.send(Ok(answer));
