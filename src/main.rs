@@ -280,10 +280,8 @@ fn run(path: &Path) -> anyhow::Result<()> {
     tollgate::logging::init(&config.log);
     // The accepting runtime; connections run on it too with one worker,
     // else on the worker threads (`listener::workers`).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime =
+        tollgate::listener::workers::event_loop().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let server = Server::bind(config).await?.with_source(path.to_owned());
         reload_on_sighup(server.reload_handle());
