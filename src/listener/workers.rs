@@ -30,8 +30,9 @@ use tokio::sync::watch;
 /// as often. With 255, over three sets of five to seven interleaved rounds
 /// of wrk -c256 (profile-guided build), the median CPU per request fell
 /// from 13.6-14.2 µs to 12.7-13.3 (nginx 13.4-14.5). At 64 connections the
-/// queue seldom holds 61 tasks, and nothing changed. A task ready for I/O
-/// waits behind at most this many others: about 1 ms at 4 µs a task.
+/// queue seldom holds 61 tasks, and nothing changed. An I/O event that
+/// comes while tasks are ready is seen after at most this many of them have
+/// run (about 1 ms at 4 µs a task); timers are checked on the same polls.
 pub const EVENT_INTERVAL: u32 = 255;
 
 /// A single-threaded runtime for one event loop (workers, and the
