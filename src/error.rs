@@ -57,10 +57,16 @@ pub enum ProxyError {
     BodyTimeout(u64),
     #[error("request body is larger than the {limit}-byte limit")]
     BodyTooLarge { limit: u64 },
+    #[error("the client closed the connection or reset the stream before its request body ended")]
+    ClientClosed,
+    #[error("transfer codings other than chunked are not supported")]
+    UnsupportedCoding,
     #[error("upstream \"{upstream}\" has no reachable target: {reason}")]
     UpstreamUnreachable { upstream: String, reason: String },
     #[error("upstream \"{upstream}\" failed: {reason}")]
     UpstreamFailed { upstream: String, reason: String },
+    #[error("the upstream's answer failed before any of it was sent: {0}")]
+    UpstreamBodyFailed(String),
     #[error("upstream \"{upstream}\" did not answer within {seconds}s")]
     UpstreamTimeout { upstream: String, seconds: f64 },
 }
@@ -81,8 +87,14 @@ impl ProxyError {
             ProxyError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            // nginx's "client closed request": logged, never seen.
+            ProxyError::ClientClosed => {
+                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+            }
+            ProxyError::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamBodyFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -90,7 +102,9 @@ impl ProxyError {
     /// Whether the cause is the client (logged at debug) or us / the upstream
     /// (logged at warn).
     pub fn is_client_error(&self) -> bool {
-        self.status().is_client_error()
+        // A coding tollgate does not implement is the client's choice: its
+        // 501 is no reason for a warning a client could flood the log with.
+        self.status().is_client_error() || matches!(self, ProxyError::UnsupportedCoding)
     }
 }
 
@@ -132,6 +146,8 @@ mod tests {
             (ProxyError::TooManyHeaders { count: 9, limit: 8 }, 431),
             (ProxyError::BodyTooLarge { limit: 8 }, 413),
             (ProxyError::BodyTimeout(60), 408),
+            (ProxyError::UnsupportedCoding, 501),
+            (ProxyError::ClientClosed, 499),
             (
                 ProxyError::UpstreamUnreachable {
                     upstream: up(),
@@ -153,10 +169,12 @@ mod tests {
                 },
                 504,
             ),
+            (ProxyError::UpstreamBodyFailed("closed".into()), 502),
         ];
         for (err, status) in cases {
             assert_eq!(err.status().as_u16(), status, "{err}");
-            assert_eq!(err.is_client_error(), status < 500, "{err}");
+            let client = status < 500 || matches!(err, ProxyError::UnsupportedCoding);
+            assert_eq!(err.is_client_error(), client, "{err}");
         }
     }
 }

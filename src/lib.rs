@@ -33,7 +33,9 @@
 //! `Store` trait, and `limiter::engine`, the store the pipeline asks, where
 //! each limit's failure mode is applied.
 //! `config` turns the YAML file into the runtime types every stage reads;
-//! `error` holds the one error -> HTTP status table; `metrics` holds the
+//! `error` holds the one error -> HTTP status table; `http1` the HTTP/1.x
+//! framing rules both roles share (one `Content-Length` rule, one chunk-size
+//! rule, what a `Transfer-Encoding` asks for); `metrics` holds the
 //! counters the request path adds to (atomics indexed at config load);
 //! `import` translates an nginx config (`tollgate import-nginx`);
 //! `reload` says what a config reload keeps, rescales and drops (the swap
@@ -53,6 +55,7 @@ pub mod alerts;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod http1;
 pub mod import;
 pub mod limiter;
 pub mod listener;

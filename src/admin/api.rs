@@ -23,7 +23,7 @@ use super::{problem, Caller};
 use crate::limiter::{Decision, Verdict};
 use crate::metrics::history::{Step, STEP};
 use crate::metrics::top::{display, CAPACITY, WINDOW};
-use crate::metrics::{Handover, LimitLabel};
+use crate::metrics::{Handover, LimitLabel, ProtocolError};
 use crate::pipeline::{LimitView, Pipeline};
 
 type Reply = (StatusCode, Value);
@@ -401,6 +401,10 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
                     "full": r.tls[0], "resumed": r.tls[1], "failed": r.tls[2],
                 })),
                 "handovers": handovers,
+                "protocol_errors": ProtocolError::ALL
+                    .iter()
+                    .map(|&k| (k.label().to_owned(), json!(r.protocol_errors[k as usize])))
+                    .collect::<serde_json::Map<String, Value>>(),
             })
         })
         .collect();

@@ -267,6 +267,33 @@ pub struct RouteConfig {
     /// Usage fraction past which `X-RateLimit-Warning` is sent.
     pub warn_at: f64,
     pub webhook: Option<WebhookConfig>,
+    /// The protocols a client may switch to through this route (`Upgrade`,
+    /// lower case; `websocket` unless configured): any other is dropped and
+    /// the request served as plain HTTP/1.1. Never `h2c`.
+    pub upgrades: Vec<Box<str>>,
+}
+
+impl RouteConfig {
+    /// Whether every protocol an `Upgrade` value lists (`websocket`,
+    /// `foo/2`: the name before any `/`) is one this route tunnels.
+    pub fn allows_upgrade(&self, value: &[u8]) -> bool {
+        let mut any = false;
+        for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+            if token.is_empty() {
+                continue;
+            }
+            any = true;
+            let name = token.split(|&b| b == b'/').next().unwrap_or_default();
+            if !self
+                .upgrades
+                .iter()
+                .any(|p| p.as_bytes().eq_ignore_ascii_case(name))
+            {
+                return false;
+            }
+        }
+        any
+    }
 }
 
 /// A route's `RateLimit-Policy` value when every one of its limits is

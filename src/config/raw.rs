@@ -178,6 +178,8 @@ pub struct RawRoute {
     pub allow_sources: Option<Vec<Text>>,
     pub only_allowed_sources: Option<bool>,
     pub verify: Option<RawVerify>,
+    /// Protocols a client may switch to (`Upgrade`); default `[websocket]`.
+    pub upgrades: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

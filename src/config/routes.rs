@@ -137,6 +137,7 @@ pub(super) fn routes(
             headers: extras.headers,
             warn_at: extras.warn_at,
             webhook: extras.webhook,
+            upgrades: upgrades(c, &path, r.upgrades.as_deref()),
         };
         if let Some((_, first)) = out.iter().find(|(o, _)| {
             o.host == route.host && o.path == route.path && o.methods == route.methods
@@ -196,8 +197,56 @@ pub(super) fn parse_host(text: &str) -> Result<HostMatch, String> {
     Err(format!("expected a host name like \"api.example.com\" or \"*.example.com\" (no port), got \"{text}\""))
 }
 
+/// A route's `upgrades`: protocol names (RFC 9110 §7.8 tokens), lower
+/// case; `websocket` when not given. `h2c` is refused: an upgrade to it
+/// would carry any number of HTTP/2 requests past routing and every limit,
+/// and RFC 9113 §3.1 deprecates it.
+fn upgrades(c: &mut Checker, path: &str, list: Option<&[String]>) -> Vec<Box<str>> {
+    let Some(list) = list else {
+        return vec![Box::from("websocket")];
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (j, name) in list.iter().enumerate() {
+        let at = format!("{path}.upgrades[{j}]");
+        let lower = name.trim().to_ascii_lowercase();
+        if lower == "h2c" {
+            c.report(
+                at,
+                "h2c is never tunnelled: one upgraded request would carry unlimited HTTP/2 requests past every limit (RFC 9113 section 3.1 deprecates it); clients should use h2 over TLS or prior knowledge",
+            );
+        } else if lower.is_empty()
+            || lower.contains('/')
+            || HeaderName::from_bytes(lower.as_bytes()).is_err()
+        {
+            c.report(
+                at,
+                format!("expected a protocol name like \"websocket\", got \"{name}\""),
+            );
+        } else {
+            out.push(Box::from(lower));
+        }
+    }
+    out
+}
+
+/// Fields a `respond:` answer may not set: the writer frames the body and
+/// manages the connection, and a length beside a body of another size
+/// would desynchronise the client.
+const FRAMING: [&str; 8] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
 fn respond(c: &mut Checker, path: &str, r: &super::raw::RawRespond) -> Option<Respond> {
-    let status = c.number(&format!("{path}.status"), &r.status, 200u16, 100, 599);
+    // No 1xx: an interim answer is not a response, and the client would
+    // wait for the real one (or read the body as the next response).
+    let status = c.number(&format!("{path}.status"), &r.status, 200u16, 200, 599);
     let status = StatusCode::from_u16(status).ok()?;
     let body = Bytes::from(r.body.clone().unwrap_or_default());
     let mut headers = HeaderMap::new();
@@ -207,6 +256,12 @@ fn respond(c: &mut Checker, path: &str, r: &super::raw::RawRespond) -> Option<Re
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
         ) {
+            (Ok(n), _) if FRAMING.contains(&n.as_str()) => c.report(
+                format!("{path}.headers.{name}"),
+                format!(
+                    "\"{name}\" is framing or hop-by-hop: tollgate frames the body itself (remove it)"
+                ),
+            ),
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);
             }

@@ -157,9 +157,25 @@ impl ConnState {
         self.stats.handed_over(why);
     }
 
+    /// The client broke the protocol: counted on its listener.
+    pub fn protocol_error(&self, kind: crate::metrics::ProtocolError) {
+        self.stats.protocol_error(kind);
+    }
+
     /// A response frame went to the client.
     pub fn frame_sent(&self) {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The connection speaks HTTP/2 (ALPN `h2`, or the prior-knowledge
+    /// preface): no request-head timer, and errors are HTTP/2's.
+    pub fn mark_h2(&self) {
+        self.h2.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the connection speaks HTTP/2.
+    fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::Relaxed)
     }
 
     /// Whether a request head has arrived on this connection yet.
@@ -204,6 +220,74 @@ pub(super) async fn serve<I>(
     io: I,
     ctx: &ListenerCtx,
     info: Arc<ConnInfo>,
+    shutdown: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_with(io, &ctx.builder, ctx, info, shutdown).await
+}
+
+/// The client's first bytes on an HTTP/2 connection (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// `GOAWAY`, last stream 0, `PROTOCOL_ERROR`: the answer to a connection
+/// that does not open with the preface (RFC 9113 §3.4).
+const GOAWAY_PROTOCOL_ERROR: [u8; 17] = [
+    0, 0, 8, 0x7, 0, 0, 0, 0, 0, // length 8, GOAWAY, no flags, stream 0
+    0, 0, 0, 0, // last stream id
+    0, 0, 0, 1, // PROTOCOL_ERROR
+];
+
+/// Serves a connection whose TLS handshake chose `h2` (ALPN): HTTP/2 only.
+/// A client that then opens with anything but the preface gets `GOAWAY
+/// (PROTOCOL_ERROR)` and the close, never an HTTP/1.1 answer.
+pub(super) async fn serve_h2<I>(
+    mut io: I,
+    ctx: &ListenerCtx,
+    info: Arc<ConnInfo>,
+    shutdown: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut preface = [0u8; PREFACE.len()];
+    let mut got = 0;
+    let read = tokio::time::timeout(ctx.header_read_timeout, async {
+        while got < preface.len() {
+            match io.read(&mut preface[got..]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => got += n,
+            }
+            if preface[..got] != PREFACE[..got] {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    match read {
+        Ok(true) => {
+            info.state.mark_h2();
+            let io = super::rewind::Rewind::new(io, bytes::Bytes::from_static(PREFACE));
+            serve_with(io, &ctx.builder_h2, ctx, info, shutdown).await
+        }
+        // A client that said nothing, or hung up: nothing to answer.
+        Err(_) | Ok(false) if got == 0 => {}
+        _ => {
+            info.state
+                .protocol_error(crate::metrics::ProtocolError::Http2);
+            tracing::debug!(peer = %info.peer, "no HTTP/2 connection preface after ALPN h2; GOAWAY");
+            let _ = io.write_all(&GOAWAY_PROTOCOL_ERROR).await;
+            let _ = io.shutdown().await;
+        }
+    }
+}
+
+async fn serve_with<I>(
+    io: I,
+    builder: &auto::Builder<hyper_util::rt::TokioExecutor>,
+    ctx: &ListenerCtx,
+    info: Arc<ConnInfo>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -224,14 +308,30 @@ pub(super) async fn serve<I>(
         }
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
-    let conn = ctx
-        .builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let graceful = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);
     if let Some(Err(e)) = watch(conn, graceful, ctx, &state, peer, &mut shutdown).await {
+        // Logged once per connection, at debug: the client decides how
+        // often this happens. An HTTP/2 connection that ended on anything
+        // but an I/O error ended on the peer's protocol error (GOAWAY).
+        if state.is_h2() && !caused_by_io(&*e) {
+            state.protocol_error(crate::metrics::ProtocolError::Http2);
+        }
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+}
+
+/// Whether an I/O error is somewhere in `e`'s chain (a reset, a close).
+fn caused_by_io(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Drives `conn` (a connection being served) under the watchdog: its

@@ -83,6 +83,8 @@ struct ListenerCtx {
     name: Arc<str>,
     tls: Option<(TlsAcceptor, Duration)>,
     builder: auto::Builder<TokioExecutor>,
+    /// For connections whose TLS handshake chose `h2`: HTTP/2 only.
+    builder_h2: auto::Builder<TokioExecutor>,
     live: Live,
     /// Connection counters, kept across reloads.
     stats: Arc<ListenerStats>,
@@ -97,8 +99,10 @@ struct ListenerCtx {
     /// A response the client takes nothing of for this long ends it.
     send_timeout: Duration,
     /// The largest request head and most headers the HTTP/1.1 fast path
-    /// takes (what hyper would: past them hyper answers 431).
+    /// takes (what hyper would: past them the fast path answers 431).
     head_limits: h1::HeadLimits,
+    /// The configured limits those are twice of, for the 431's detail.
+    header_limits: h1::HeadLimits,
 }
 
 /// A listener accepting: its context (swapped by reloads) and its stop.
@@ -389,6 +393,7 @@ impl State {
             name,
             tls,
             builder: http_builder(s),
+            builder_h2: http_builder(s).http2_only(),
             live: self.live.clone(),
             stats: self.live.load().metrics().listener_stats(index),
             idle_timeout: s.idle_timeout,
@@ -398,6 +403,7 @@ impl State {
             lingering_timeout: s.lingering_timeout,
             send_timeout: s.send_timeout,
             head_limits: head_limits(s),
+            header_limits: (s.max_header_bytes, s.max_headers),
         }
     }
 
@@ -601,7 +607,9 @@ impl State {
 }
 
 /// Headers past our own limit still get parsed, so the client gets
-/// tollgate's 431 problem body; past these, a bare 431 is the backstop.
+/// tollgate's 431 problem body from the pipeline; past these, the fast
+/// path refuses the head itself, with the same body (hyper's bare 431 is
+/// the backstop only on a connection already handed to it).
 fn head_limits(s: &ServerConfig) -> h1::HeadLimits {
     (
         (s.max_header_bytes * 2).max(64 << 10),
@@ -766,7 +774,7 @@ async fn serve_tls<I>(
             ctx.stats
                 .tls_handshaked(session.handshake_kind() == Some(rustls::HandshakeKind::Resumed));
             if session.alpn_protocol() == Some(b"h2") {
-                conn::serve(tls, ctx, info, stop).await
+                conn::serve_h2(tls, ctx, info, stop).await
             } else {
                 h1::serve(tls, ctx, info, stop).await
             }

@@ -135,6 +135,8 @@ pub struct ListenerReport {
     pub tls: [u64; 3],
     /// HTTP/1.x connections handed to hyper, by [`Handover::ALL`].
     pub handovers: [u64; Handover::ALL.len()],
+    /// Protocol errors, by [`ProtocolError::ALL`].
+    pub protocol_errors: [u64; ProtocolError::ALL.len()],
 }
 
 /// Read at scrape time from the parts that own them.
@@ -174,6 +176,51 @@ pub struct ListenerStats {
     /// HTTP/1.x connections the fast path handed to hyper, by why
     /// (`Handover`): how much traffic takes the slower path.
     handovers: [AtomicU64; Handover::ALL.len()],
+    /// Requests refused and connections ended for breaking the protocol,
+    /// by kind (`ProtocolError`): counted, logged at most once each.
+    protocol_errors: [AtomicU64; ProtocolError::ALL.len()],
+}
+
+/// Warnings the `h2` crate raised about a peer, ever: process-wide, since
+/// the crate's log line names no connection (`logging` counts them).
+static H2_NOISE: AtomicU64 = AtomicU64::new(0);
+
+/// An HTTP/2 peer made the `h2` crate warn (see `logging`).
+pub fn h2_noise_seen() {
+    H2_NOISE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A client's breach of the HTTP rules that tollgate answered or ended
+/// the connection for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// An HTTP/1.x head past twice `max_header_size` (431).
+    HeadTooLarge,
+    /// An HTTP/1.x head with more than twice `max_headers` fields (431).
+    TooManyHeaders,
+    /// A `Transfer-Encoding` other than exactly `chunked` (501).
+    TransferCoding,
+    /// An HTTP/2 connection the peer broke (a bad preface, a frame out of
+    /// place, a flood): ended with GOAWAY.
+    Http2,
+}
+
+impl ProtocolError {
+    pub const ALL: [ProtocolError; 4] = [
+        ProtocolError::HeadTooLarge,
+        ProtocolError::TooManyHeaders,
+        ProtocolError::TransferCoding,
+        ProtocolError::Http2,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ProtocolError::HeadTooLarge => "head_too_large",
+            ProtocolError::TooManyHeaders => "too_many_headers",
+            ProtocolError::TransferCoding => "transfer_coding",
+            ProtocolError::Http2 => "http2",
+        }
+    }
 }
 
 /// Why an HTTP/1.x connection left tollgate's fast path for hyper.
@@ -243,6 +290,11 @@ impl ListenerStats {
     /// The HTTP/1.x fast path handed a connection to hyper.
     pub fn handed_over(&self, why: Handover) {
         self.handovers[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client broke the protocol (see [`ProtocolError`]).
+    pub fn protocol_error(&self, kind: ProtocolError) {
+        self.protocol_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -566,6 +618,7 @@ impl Metrics {
                     read(&n.tls_failures),
                 ],
                 handovers: n.handovers.each_ref().map(read),
+                protocol_errors: n.protocol_errors.each_ref().map(read),
             })
             .collect()
     }
@@ -890,6 +943,22 @@ impl Collector for Scrape {
             m.by_listener_and("reason", &Handover::ALL.map(Handover::label), |n, i| {
                 n.handovers[i].load(Ordering::Relaxed)
             }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http_protocol_errors",
+            "Requests refused and connections ended because the client broke the HTTP rules, by listener and kind (head_too_large, too_many_headers, transfer_coding, http2).",
+            m.by_listener_and(
+                "kind",
+                &ProtocolError::ALL.map(ProtocolError::label),
+                |n, i| n.protocol_errors[i].load(Ordering::Relaxed),
+            ),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http2_peer_noise",
+            "Protocol warnings HTTP/2 peers caused (a PING ACK nobody asked for, a frame on a closed stream): counted here, not logged per frame.",
+            [(Vec::new(), H2_NOISE.load(Ordering::Relaxed))],
         )?;
         counter(
             &mut e,

@@ -356,6 +356,11 @@ enum Kind {
         /// nginx `proxy_read_timeout`: the longest gap between frames.
         stall: Stall,
     },
+    /// A `101`'s (empty) body: the request's end goes to the tunnel, which
+    /// settles it (access log, metrics) when the tunnel closes.
+    Tunnel {
+        end_to: Option<tokio::sync::oneshot::Sender<RequestEnd>>,
+    },
 }
 
 impl ProxyBody {
@@ -397,7 +402,31 @@ impl ProxyBody {
         }
     }
 
+    /// The body of a `101 Switching Protocols`: the request's end is sent
+    /// to `end_to`, the tunnel's, rather than settled with the body.
+    pub fn tunnel(end_to: tokio::sync::oneshot::Sender<RequestEnd>) -> Self {
+        ProxyBody {
+            kind: Kind::Tunnel {
+                end_to: Some(end_to),
+            },
+            end: None,
+            lines: HeadLines::default(),
+        }
+    }
+
+    /// The request's end, taken out (its answer is replaced by another).
+    pub fn take_end(&mut self) -> Option<RequestEnd> {
+        self.end.take()
+    }
+
     pub fn set_end(&mut self, end: RequestEnd) {
+        if let Kind::Tunnel { end_to } = &mut self.kind {
+            if let Some(to) = end_to.take() {
+                // A tunnel that is gone already drops it: settled now.
+                let _ = to.send(end);
+                return;
+            }
+        }
         self.end = Some(end);
     }
 
@@ -426,6 +455,7 @@ impl Body for ProxyBody {
         let this = self.get_mut();
         let polled = match &mut this.kind {
             Kind::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Tunnel { .. } => Poll::Ready(None),
             Kind::Upstream { inner, stall } => match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     stall.progressed();
@@ -458,6 +488,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
+            Kind::Tunnel { .. } => true,
             Kind::Upstream { inner, .. } => inner.is_end_stream(),
         }
     }
@@ -467,6 +498,7 @@ impl Body for ProxyBody {
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Tunnel { .. } => SizeHint::with_exact(0),
             Kind::Upstream { inner, .. } => inner.size_hint(),
         }
     }

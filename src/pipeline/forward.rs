@@ -78,8 +78,11 @@ fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
             // allocated) for them.
             let tokens = value.to_str().unwrap_or("").split(',').map(str::trim);
             for token in tokens {
+                // `Host` is end to end whatever a token says: the request
+                // was routed and limited by it, and HTTP/1.1 needs it.
                 if token.is_empty()
                     || token.eq_ignore_ascii_case("close")
+                    || token.eq_ignore_ascii_case("host")
                     || is_hop_by_hop(token.as_bytes())
                 {
                     continue;
@@ -131,6 +134,8 @@ pub fn request_headers(
     let trusted = fwd.trusted;
     strip(headers, |name| {
         name == "expect"
+            // Only ever meaningful with an h2c upgrade, never forwarded.
+            || name == "http2-settings"
             || name == "x-forwarded-for"
             || name == "x-real-ip"
             || (!trusted && forwarding(name))

@@ -42,7 +42,7 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::EXPECT;
+use http::header::{EXPECT, TRANSFER_ENCODING};
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -554,10 +554,20 @@ impl Pipeline {
                 limit: self.max_headers,
             });
         }
-        let size: usize = headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
+        // One walk: the size, and (on connections hyper serves; tollgate's
+        // own HTTP/1 server refused it already) a transfer coding tollgate
+        // cannot frame.
+        let mut coding = None;
+        let mut size = 0;
+        for (k, v) in headers {
+            size += k.as_str().len() + v.len() + 4;
+            if k == TRANSFER_ENCODING {
+                coding = Some(crate::http1::add_coding(coding, v.as_bytes()));
+            }
+        }
+        if coding == Some(crate::http1::Coding::Other) {
+            return Err(ProxyError::UnsupportedCoding);
+        }
         if size > self.max_header_bytes {
             return Err(ProxyError::HeadersTooLarge {
                 size,

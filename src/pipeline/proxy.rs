@@ -45,8 +45,15 @@ pub async fn forward(
             return Err(ProxyError::BodyTooLarge { limit: max_body });
         }
     }
+    // The length goes upstream as tollgate writes it (canonical digits,
+    // from the body it forwards), never as the client spelt it.
+    req.headers_mut().remove(CONTENT_LENGTH);
+    // Only a protocol the route allows is tunnelled (never h2c); any other
+    // `Upgrade` is dropped with the hop-by-hop fields and the request is
+    // served as plain HTTP/1.1.
     let upgrade = match req.version() {
-        Version::HTTP_11 => forward::requested_upgrade(req.headers()),
+        Version::HTTP_11 => forward::requested_upgrade(req.headers())
+            .filter(|protocol| route.allows_upgrade(protocol.as_bytes())),
         _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
@@ -161,36 +168,61 @@ fn tunnel(
             reason: "answered 101 to a request that asked for no upgrade".into(),
         });
     };
+    // The request ends when the tunnel closes: one access-log line and one
+    // request in the metrics, with the tunnel's duration and bytes.
+    let (end_to, end) = tokio::sync::oneshot::channel::<super::record::RequestEnd>();
     tokio::spawn(async move {
         let Conn {
             io: mut up,
             read: early,
             ..
         } = conn;
+        let mut end = end.await.ok();
         match client_upgrade.await {
             Ok(down) => {
                 let mut down = TokioIo::new(down);
                 // What the upstream sent right after its 101 goes first.
-                if !early.is_empty() {
-                    if let Err(e) = down.write_all(&early).await {
+                let mut sent = early.len() as u64;
+                let copied = match down.write_all(&early).await {
+                    Ok(()) => tokio::io::copy_bidirectional(&mut down, &mut up).await,
+                    Err(e) => Err(e),
+                };
+                match copied {
+                    Ok((_, to_client)) => sent += to_client,
+                    Err(e) => {
                         tracing::debug!(error = %e, "upgraded tunnel closed with an error");
-                        return;
+                        if let Some(end) = end.as_mut() {
+                            end.mark_aborted();
+                        }
                     }
                 }
-                if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
-                    tracing::debug!(error = %e, "upgraded tunnel closed with an error");
+                if let Some(end) = end.as_mut() {
+                    end.add_bytes(sent);
                 }
             }
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
         }
+        drop(end);
     });
     forward::switching_headers(response.headers_mut());
     let (parts, ()) = response.into_parts();
-    Ok(Box::new(Response::from_parts(parts, ProxyBody::empty())))
+    Ok(Box::new(Response::from_parts(
+        parts,
+        ProxyBody::tunnel(end_to),
+    )))
 }
 
+/// The request's length, by the one rule (`http1`); the server that read
+/// the head has refused any other already.
 fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+    headers
+        .get_all(CONTENT_LENGTH)
+        .iter()
+        .try_fold(None, |known, v| {
+            crate::http1::add_content_length(known, v.as_bytes()).map(Some)
+        })
+        .ok()
+        .flatten()
 }
 
 /// `/path?query` for the upstream request line.

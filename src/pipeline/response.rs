@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, ALLOW, WWW_AUTHENTICATE};
+use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_LENGTH, WWW_AUTHENTICATE};
 use http::{Method, Response, StatusCode};
 use smallvec::SmallVec;
 
@@ -216,6 +216,11 @@ pub fn respond(r: &Respond, method: &Method) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = r.status;
     *resp.headers_mut() = r.headers.clone();
+    if method == Method::HEAD {
+        // The length a GET's answer would have (RFC 9110 section 9.3.2).
+        resp.headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from(r.body.len()));
+    }
     resp
 }
 

@@ -391,7 +391,7 @@ async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
         let seen = rec.next(Duration::from_millis(within)).await;
         let requests = seen.matches(" HTTP/1.1\r\n").count();
         match status.as_str() {
-            "400" => assert_eq!(seen, "", "{name}: refused, yet the upstream saw bytes"),
+            "400" | "501" => assert_eq!(seen, "", "{name}: refused, yet the upstream saw bytes"),
             "200" => {
                 assert_eq!(requests, 1, "{name}: exactly one request upstream:\n{seen}");
                 let head = seen.split("\r\n\r\n").next().unwrap().to_lowercase();
@@ -405,7 +405,9 @@ async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
         }
         outcomes.push(format!("{name}: {status}"));
     }
-    // What each case gets today; a change here must be a decision. The
+    // What each case gets today; a change here must be a decision. A
+    // coding other than a lone `chunked` is not implemented (501, as
+    // nginx answers), never re-framed without it. The
     // four that pass are unambiguous: with both TE and CL the body is
     // decoded as chunked and the upstream sees chunked only (RFC 9112
     // §6.3); spaces around a value are optional whitespace; a bare LF may
@@ -415,9 +417,9 @@ async fn smuggling_attempts_are_refused_or_reach_the_upstream_as_one_request() {
         outcomes,
         [
             "TE and CL: 200",
-            "TE chunked, identity: 400",
+            "TE chunked, identity: 501",
             "TE with a leading space: 200",
-            "TE xchunked: 400",
+            "TE xchunked: 501",
             "bad chunk size: 400",
             "chunk size overflow: 400",
             "bare LF: 200",
@@ -466,7 +468,7 @@ async fn at_max_connections_new_clients_wait_until_idle_hogs_are_closed() {
 }
 
 #[tokio::test]
-async fn request_heads_over_twice_the_limit_get_the_parsers_bare_431() {
+async fn request_heads_over_twice_the_limit_get_the_same_431_problem_body() {
     let up = Upstream::spawn().await;
     let proxy = TestProxy::spawn(&forward_all(
         &format!("'{}'", up.addr),
@@ -493,8 +495,9 @@ async fn request_heads_over_twice_the_limit_get_the_parsers_bare_431() {
         serde_json::from_str::<serde_json::Value>(body).unwrap()["status"],
         431
     );
-    // Over twice the limit (at least 64 KiB), hyper's parser refuses the
-    // head before tollgate sees it: a 431 without a body, as the README says.
+    // Over twice the limit (at least 64 KiB), the fast path refuses the
+    // head itself, with the same problem body (hyper's was bare), and
+    // closes the connection.
     let resp = raw(
         proxy.addr(),
         head(80 << 10).as_bytes(),
@@ -503,7 +506,41 @@ async fn request_heads_over_twice_the_limit_get_the_parsers_bare_431() {
     .await;
     let (status, body) = split(&resp);
     assert!(status.starts_with("HTTP/1.1 431"), "{status}");
-    assert_eq!(body, "");
+    assert!(
+        resp.contains("content-type: application/problem+json"),
+        "{resp}"
+    );
+    assert!(
+        resp.to_ascii_lowercase().contains("connection: close"),
+        "{resp}"
+    );
+    let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(problem["status"], 431);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the limit is 32768"),
+        "{problem}"
+    );
+    // More than twice max_headers (100 by default) fields: the same.
+    let many: String = (0..201).map(|i| format!("X-{i}: v\r\n")).collect();
+    let resp = raw(
+        proxy.addr(),
+        format!("GET / HTTP/1.1\r\nHost: a.test\r\n{many}\r\n").as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let (status, body) = split(&resp);
+    assert!(status.starts_with("HTTP/1.1 431"), "{status}");
+    let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("202 header fields; the limit is 100"),
+        "{problem}"
+    );
     assert_eq!(up.hits(), 0);
 }
 

@@ -211,14 +211,20 @@ async fn framings_that_cannot_be_trusted_are_a_502_or_a_broken_body() {
         assert_eq!(got.status, 502, "{path}");
         assert_eq!(got.json()["status"], 502, "{path}");
     }
-    // A chunk size that is not hex, after the head: the response breaks
-    // (before or after its head reaches the client) rather than ending as
-    // if it were complete.
-    let mut c = h1(proxy.addr()).await;
-    c.ready().await.unwrap();
-    if let Ok(resp) = c.send_request(request("GET", "/bad-chunk", empty())).await {
-        assert!(resp.into_body().collect().await.is_err());
-    }
+    // A chunk size that is not hex, in the same write as the head: the
+    // answer failed before any byte of it reached the client, which gets
+    // a 502 problem answer (not a connection closed without a status
+    // line, nor a response that ends as if it were complete).
+    let got = get(proxy.addr(), "/bad-chunk").await;
+    assert_eq!(got.status, 502);
+    assert!(
+        got.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("bad chunk size"),
+        "{:?}",
+        got.body
+    );
 }
 
 #[tokio::test]

@@ -63,6 +63,8 @@ routes:
   - { match: { path: /d, host: 'a:80' }, respond: { status: 700, headers: { 'bad name': x } } }
   - { match: { path: /e }, upstream: api }
   - { match: { path: /e }, upstream: api }
+  - { match: { path: /f }, respond: { status: 100, headers: { Content-Length: '5', connection: close, x-ok: y } } }
+  - { match: { path: /g }, upstream: api, upgrades: [websocket, H2C, 'a/1'] }
 log: { format: xml, level: 'tollgate=loud' }
 ",
     );
@@ -84,9 +86,14 @@ log: { format: xml, level: 'tollgate=loud' }
         "routes[2].match.methods[0]: expected an upper-case HTTP method like GET, got \"get\"",
         "routes[2]: give either upstream or respond, not both",
         "routes[3].match.host: expected a host name",
-        "routes[3].respond.status: expected a whole number from 100 to 599, got \"700\"",
+        "routes[3].respond.status: expected a whole number from 200 to 599, got \"700\"",
         "routes[3].respond.headers.bad name: \"bad name\" is not a valid header name",
         "routes[5]: matches exactly the same requests as routes[4]",
+        "routes[6].respond.status: expected a whole number from 200 to 599, got \"100\"",
+        "routes[6].respond.headers.Content-Length: \"Content-Length\" is framing or hop-by-hop",
+        "routes[6].respond.headers.connection: \"connection\" is framing or hop-by-hop",
+        "routes[7].upgrades[1]: h2c is never tunnelled",
+        "routes[7].upgrades[2]: expected a protocol name like \"websocket\", got \"a/1\"",
         "log.format: expected \"pretty\" or \"json\", got \"xml\"",
         "log.level: expected a level",
     ];

@@ -9,6 +9,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
+use crate::http1;
 use crate::listener::pump::Pump;
 use crate::metrics::Handover;
 use crate::pipeline::body::ClientBody;
@@ -24,6 +25,21 @@ pub(super) enum Parsed {
     Partial,
     /// Anything else: hyper's.
     Hyper(Handover),
+    /// A head tollgate refuses itself, with a problem body, and closes
+    /// the connection after (see [`Refusal`]).
+    Refuse(Refusal),
+}
+
+/// A head the fast path answers itself rather than hand to hyper, whose
+/// answers to these are bare (no problem body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// A head (or what came of it so far) past the largest taken.
+    TooLarge(usize),
+    /// More fields than the most taken.
+    TooMany(usize),
+    /// A `Transfer-Encoding` other than exactly `chunked` (501, as nginx).
+    Coding,
 }
 
 /// A parsed request head: where its parts are in the buffer. A
@@ -57,10 +73,13 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits, head: &mut
     let slots = &mut slots[..max_headers.min(PARSE_HEADERS)];
     let len = match req.parse_with_uninit_headers(buf, slots) {
         Ok(httparse::Status::Complete(len)) if len <= max_bytes => len,
+        Ok(httparse::Status::Complete(len)) => return Parsed::Refuse(Refusal::TooLarge(len)),
         Ok(httparse::Status::Partial) if buf.len() < max_bytes => return Parsed::Partial,
+        Ok(httparse::Status::Partial) => return Parsed::Refuse(Refusal::TooLarge(buf.len())),
         Err(httparse::Error::Version) if buf.starts_with(b"PRI * HTTP/2.0") => {
             return Parsed::Hyper(Handover::Http2)
         }
+        Err(httparse::Error::TooManyHeaders) => return too_many(buf, max_bytes, max_headers),
         _ => return Parsed::Hyper(Handover::Head),
     };
     let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
@@ -82,6 +101,7 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits, head: &mut
     head.path = (at(path.as_bytes()), at(path.as_bytes()) + path.len());
     head.headers.clear();
     let mut length = None;
+    let mut coding = None;
     // A `close` wins over a `keep-alive`, in any order.
     let (mut close, mut keep_alive) = (false, false);
     for h in req.headers.iter() {
@@ -90,19 +110,14 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits, head: &mut
         let name = h.name.as_bytes();
         let is = |n: &[u8]| name.len() == n.len() && name.eq_ignore_ascii_case(n);
         if is(b"content-length") {
-            let digits = h.value.trim_ascii();
-            if length.is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                return Parsed::Hyper(Handover::Head);
-            }
-            match std::str::from_utf8(digits)
-                .ok()
-                .and_then(|d| d.parse().ok())
-            {
-                Some(n) => length = Some(n),
-                None => return Parsed::Hyper(Handover::Head),
+            // The one rule both legs read lengths by (`http1`); hyper
+            // answers a length it refuses (400).
+            match http1::add_content_length(length, h.value) {
+                Ok(n) => length = Some(n),
+                Err(_) => return Parsed::Hyper(Handover::Head),
             }
         } else if is(b"transfer-encoding") {
-            return Parsed::Hyper(Handover::Chunked);
+            coding = Some(http1::add_coding(coding, h.value));
         } else if is(b"expect") {
             return Parsed::Hyper(Handover::Expect);
         } else if is(b"upgrade") {
@@ -124,11 +139,42 @@ pub(super) fn parse(buf: &[u8], (max_bytes, max_headers): HeadLimits, head: &mut
             (v + h.value.len()) as u32,
         ]);
     }
+    match coding {
+        // Its body is framed in a coding tollgate does not decode: never
+        // re-framed without it (nginx answers 501 too).
+        Some(http1::Coding::Other) => return Parsed::Refuse(Refusal::Coding),
+        Some(http1::Coding::Chunked) => return Parsed::Hyper(Handover::Chunked),
+        None => {}
+    }
     // HTTP/1.1 keeps the connection unless told not to; HTTP/1.0 only
     // when asked.
     head.keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
     head.body = length.unwrap_or(0);
     Parsed::Head
+}
+
+/// httparse ran out of header slots: a head past the most fields taken is
+/// refused here; one within it but past the fast path's slots is hyper's,
+/// and one still arriving is waited for.
+fn too_many(buf: &[u8], max_bytes: usize, max_headers: usize) -> Parsed {
+    // The empty line that ends the head (a bare LF ends a line too, as
+    // httparse takes it).
+    let end = (0..buf.len()).find_map(|i| match &buf[i..] {
+        [b'\n', b'\n', ..] => Some(i + 2),
+        [b'\n', b'\r', b'\n', ..] => Some(i + 3),
+        _ => None,
+    });
+    let head = &buf[..end.unwrap_or(buf.len())];
+    // Lines after the request line, the empty last one not counted.
+    let lines = head.iter().filter(|&&b| b == b'\n').count();
+    let fields = lines.saturating_sub(1 + usize::from(end.is_some()));
+    match end {
+        _ if fields > max_headers => Parsed::Refuse(Refusal::TooMany(fields)),
+        Some(len) if len > max_bytes => Parsed::Refuse(Refusal::TooLarge(len)),
+        Some(_) => Parsed::Hyper(Handover::Head),
+        None if buf.len() >= max_bytes => Parsed::Refuse(Refusal::TooLarge(buf.len())),
+        None => Parsed::Partial,
+    }
 }
 
 impl Head {
@@ -214,6 +260,7 @@ mod tests {
             Parsed::Head => h,
             Parsed::Partial => panic!("partial: {raw:?}"),
             Parsed::Hyper(why) => panic!("handed to hyper ({why:?}): {raw:?}"),
+            Parsed::Refuse(why) => panic!("refused ({why:?}): {raw:?}"),
         }
     }
 
@@ -251,7 +298,7 @@ mod tests {
             ),
             ("GET / HTTP/1.1\r\nUpgrade: h2c\r\n\r\n", Upgrade),
             (
-                "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+                "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
                 Head,
             ),
             ("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello", Head),
@@ -267,17 +314,33 @@ mod tests {
     }
 
     #[test]
-    fn heads_past_what_hyper_takes_are_left_to_hyper_to_refuse() {
+    fn heads_past_the_largest_taken_are_refused_here_not_by_hyper() {
         let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
         assert!(matches!(
             parse(raw.as_bytes(), LIMITS, &mut Head::default()),
+            Parsed::Refuse(Refusal::TooMany(101))
+        ));
+        // Still arriving, and past the most already.
+        assert!(matches!(
+            parse(
+                &raw.as_bytes()[..raw.len() - 2],
+                LIMITS,
+                &mut Head::default()
+            ),
+            Parsed::Refuse(Refusal::TooMany(101))
+        ));
+        // Past the fast path's 128 slots but within the limit: hyper's.
+        let many: String = (0..150).map(|i| format!("X-{i}: v\n")).collect();
+        let raw = format!("GET / HTTP/1.1\n{many}\n");
+        assert!(matches!(
+            parse(raw.as_bytes(), (64 << 10, 200), &mut Head::default()),
             Parsed::Hyper(Handover::Head)
         ));
         let raw = format!("GET / HTTP/1.1\r\nX-A: {}\r\n\r\n", "a".repeat(1000));
         assert!(matches!(
             parse(raw.as_bytes(), (512, 100), &mut Head::default()),
-            Parsed::Hyper(Handover::Head)
+            Parsed::Refuse(Refusal::TooLarge(_))
         ));
         // Not complete and not yet too long: wait for more.
         assert!(matches!(
@@ -287,8 +350,28 @@ mod tests {
         let partial = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1000));
         assert!(matches!(
             parse(partial.as_bytes(), (512, 100), &mut Head::default()),
-            Parsed::Hyper(Handover::Head)
+            Parsed::Refuse(Refusal::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn codings_other_than_a_lone_chunked_are_refused_and_lengths_read_by_the_one_rule() {
+        for raw in [
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+        ] {
+            assert!(
+                matches!(parsed(raw), Parsed::Refuse(Refusal::Coding)),
+                "{raw:?}"
+            );
+        }
+        // Equal duplicates are one length; leading zeros are digits.
+        let h = head("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello");
+        assert_eq!(h.body, 5);
+        let h = head("POST / HTTP/1.1\r\nContent-Length: 000000000000000000005\r\n\r\nhello");
+        assert_eq!(h.body, 5);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use http::{Method, Version};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use self::head::{parse, Head, Parsed};
+use self::head::{parse, Head, Parsed, Refusal};
 pub use self::head::{read_request, HeadLimits};
 use self::respond::{respond, Facts};
 use super::conn::{self, ConnState};
@@ -48,9 +48,10 @@ use super::linger::Linger;
 use super::pump::Pump;
 use super::rewind::Rewind;
 use super::ListenerCtx;
-use crate::metrics::Handover;
-use crate::pipeline::discard;
+use crate::error::ProxyError;
+use crate::metrics::{Handover, ProtocolError};
 use crate::pipeline::ConnInfo;
+use crate::pipeline::{discard, response};
 
 /// A connection's read buffer: taken for a read, and given back while the
 /// connection waits for its next request (nginx's
@@ -107,8 +108,15 @@ where
                     Parsed::Head => break,
                     Parsed::Partial => {}
                     Parsed::Hyper(why) => {
+                        if why == Handover::Http2 {
+                            state.mark_h2();
+                        }
                         state.handed_over(why);
                         return Some(Rewind::new(io.into_inner(), buf.freeze()));
+                    }
+                    Parsed::Refuse(why) => {
+                        refuse(&mut io, &mut out, why, ctx, info).await;
+                        return None;
                     }
                 }
             }
@@ -236,6 +244,55 @@ where
             out = Vec::new();
         }
     }
+}
+
+/// Answers a head the fast path refuses (see [`Refusal`]) with its
+/// problem body, then closes the connection, lingering: whatever the
+/// client sent after the head cannot be framed.
+async fn refuse<I>(
+    io: &mut Linger<I>,
+    out: &mut Vec<u8>,
+    why: Refusal,
+    ctx: &ListenerCtx,
+    info: &ConnInfo,
+) where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    let (max_bytes, max_headers) = ctx.header_limits;
+    let (err, kind) = match why {
+        Refusal::TooLarge(size) => (
+            ProxyError::HeadersTooLarge {
+                size,
+                limit: max_bytes,
+            },
+            ProtocolError::HeadTooLarge,
+        ),
+        Refusal::TooMany(count) => (
+            ProxyError::TooManyHeaders {
+                count,
+                limit: max_headers,
+            },
+            ProtocolError::TooManyHeaders,
+        ),
+        Refusal::Coding => (ProxyError::UnsupportedCoding, ProtocolError::TransferCoding),
+    };
+    tracing::debug!(peer = %info.peer, error = %err, "request head refused");
+    info.state.protocol_error(kind);
+    info.state.linger_on_close();
+    let mut resp = response::problem(&err);
+    let mut buf = BytesMut::new();
+    let mut duplex = Duplex {
+        io,
+        buf: &mut buf,
+        pump: None,
+    };
+    let facts = Facts {
+        head: false,
+        http10: false,
+        keep_alive: false,
+    };
+    let _ = respond(&mut duplex, out, &mut resp, &facts, false).await;
+    let _ = io.shutdown().await;
 }
 
 /// The connection while a request with a pumped body is served: writing

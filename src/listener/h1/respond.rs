@@ -17,7 +17,9 @@ use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{poll_write_bufs, Duplex};
+use crate::error::ProxyError;
 use crate::pipeline::body::ProxyBody;
+use crate::pipeline::response;
 
 /// A response body piece at most this large is copied next to its head
 /// (one write); a larger one is written from where it is.
@@ -77,19 +79,18 @@ where
         (None, false, false, false);
     for (name, value) in resp.headers() {
         match *name {
+            // The length is written below, in canonical digits, never
+            // echoed: the body's own when it is known.
             header::CONTENT_LENGTH => {
-                if length.is_some() || no_length {
-                    continue;
+                if length.is_none() && !no_length {
+                    length = match hint {
+                        Some(Some(n)) => Some(n),
+                        Some(None) => parse_length(value.as_bytes()),
+                        None if facts.head => parse_length(value.as_bytes()),
+                        None => None,
+                    };
                 }
-                length = match hint {
-                    Some(Some(n)) => Some(n),
-                    Some(None) => parse_length(value.as_bytes()),
-                    None if facts.head => parse_length(value.as_bytes()),
-                    None => None,
-                };
-                if length.is_none() {
-                    continue;
-                }
+                continue;
             }
             // Framing is decided here.
             header::TRANSFER_ENCODING => continue,
@@ -112,13 +113,16 @@ where
     out.extend_from_slice(&lines.lines);
     wrote_date |= lines.date;
     keep &= !said_close;
+    let length_line = |out: &mut Vec<u8>, n: u64| {
+        header_line(
+            out,
+            b"content-length: ",
+            itoa::Buffer::new().format(n).as_bytes(),
+        )
+    };
     let framing = match (bodiless, hint, length) {
-        (true, Some(Some(n)), None) if !no_length => {
-            header_line(
-                out,
-                b"content-length: ",
-                itoa::Buffer::new().format(n).as_bytes(),
-            );
+        (true, _, Some(n)) | (true, Some(Some(n)), None) if !no_length => {
+            length_line(out, n);
             Framing::None
         }
         (true, ..) => Framing::None,
@@ -126,13 +130,8 @@ where
             header_line(out, b"content-length: ", b"0");
             Framing::None
         }
-        (false, Some(_), Some(n)) => Framing::Length(n),
-        (false, Some(Some(n)), None) => {
-            header_line(
-                out,
-                b"content-length: ",
-                itoa::Buffer::new().format(n).as_bytes(),
-            );
+        (false, Some(_), Some(n)) | (false, Some(Some(n)), None) => {
+            length_line(out, n);
             Framing::Length(n)
         }
         (false, Some(None), None) if facts.http10 => {
@@ -171,6 +170,7 @@ where
     };
     // `out` gathers the head and the body pieces that are ready at once;
     // it is written when the body makes us wait, or ends.
+    let mut sent = false;
     loop {
         let frame = match next_frame(resp.body_mut(), io, out.is_empty()).await {
             Next::Frame(frame) => frame,
@@ -178,11 +178,25 @@ where
                 write_all(io, &mut [IoSlice::new(out)]).await?;
                 io.flush().await?;
                 out.clear();
+                sent = true;
                 continue;
             }
         };
         let data = match frame {
             None => break,
+            // Failed before any byte of it left: the client gets a 502
+            // problem answer in its place, not a connection closed
+            // without a status line.
+            Some(Err(e)) if !sent => {
+                let failed = ProxyError::UpstreamBodyFailed(e.to_string());
+                let mut problem = response::problem(&failed);
+                if let Some(mut end) = resp.body_mut().take_end() {
+                    end.set_status(failed.status());
+                    problem.body_mut().set_end(end);
+                }
+                *resp = problem;
+                return Box::pin(respond(io, out, resp, facts, keep)).await;
+            }
             // Broken off: the client sees a cut response (no last chunk,
             // a short length), never one that looks whole.
             Some(Err(e)) => return Err(io::Error::other(e)),
@@ -211,12 +225,14 @@ where
                 write_all(io, &mut [IoSlice::new(out)]).await?;
                 io.flush().await?;
                 out.clear();
+                sent = true;
             }
         } else {
             let mut bufs = [IoSlice::new(out), IoSlice::new(&data), IoSlice::new(suffix)];
             write_all(io, &mut bufs).await?;
             io.flush().await?;
             out.clear();
+            sent = true;
         }
         if left == 0 {
             break;

@@ -36,6 +36,7 @@ use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
+use crate::http1;
 use crate::listener::h1::poll_write_bufs;
 use crate::listener::tls::SendOne;
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
@@ -566,7 +567,7 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, Stri
         for h in parsed.headers.iter() {
             facts.note(h.name.as_bytes(), h.value);
         }
-        let (framing, mut keep_alive) = framing(&facts, status, method)?;
+        let (framing, mut keep_alive) = framing(&facts, status, method, version)?;
         keep_alive &= match version {
             Version::HTTP_10 => facts.keep_alive,
             _ => !facts.close,
@@ -624,11 +625,11 @@ fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
 /// What a response head's fields say about its framing and reuse.
 #[derive(Default)]
 struct Fields<'a> {
-    /// With a `Transfer-Encoding`: whether its last coding is `chunked`.
-    coding: Option<bool>,
+    /// With a `Transfer-Encoding`: whether it is exactly `chunked`.
+    coding: Option<http1::Coding>,
     /// With a `Content-Length`: the length all its values agree on, or
     /// what is wrong with them.
-    length: Option<Result<u64, String>>,
+    length: Option<Result<u64, http1::LengthError>>,
     /// `Connection` tokens.
     close: bool,
     keep_alive: bool,
@@ -639,23 +640,12 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     fn note(&mut self, name: &[u8], value: &'a [u8]) {
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // A value that is not text is no "chunked" either; the last
-            // coding named wins.
-            let last = std::str::from_utf8(value)
-                .unwrap_or("?")
-                .split(',')
-                .map(str::trim)
-                .rfind(|t| !t.is_empty());
-            if let Some(t) = last {
-                self.coding = Some(t.eq_ignore_ascii_case("chunked"));
-            } else if self.coding.is_none() {
-                self.coding = Some(false);
-            }
+            self.coding = Some(http1::add_coding(self.coding, value));
         } else if name.eq_ignore_ascii_case(b"content-length") {
             self.length = Some(match self.length.take() {
                 Some(Err(e)) => Err(e),
-                Some(Ok(n)) => add_length(Some(n), value),
-                None => add_length(None, value),
+                Some(Ok(n)) => http1::add_content_length(Some(n), value),
+                None => http1::add_content_length(None, value),
             });
         } else if name.eq_ignore_ascii_case(b"connection") {
             for t in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
@@ -671,30 +661,12 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The length of a `Content-Length` value, whose lengths must all agree
-/// with each other and with the one `known` from an earlier value.
-fn add_length(mut known: Option<u64>, value: &[u8]) -> Result<u64, String> {
-    let value = std::str::from_utf8(value).map_err(|_| "bad Content-Length")?;
-    for part in value.split(',') {
-        let part = part.trim();
-        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("bad Content-Length {part:?}"));
-        }
-        let n: u64 = part.parse().map_err(|_| "Content-Length too large")?;
-        if known.is_some_and(|l| l != n) {
-            return Err("conflicting Content-Length values".into());
-        }
-        known = Some(n);
-    }
-    // `split` yields at least one part, so there is a length.
-    known.ok_or_else(|| "bad Content-Length".into())
-}
-
 /// The response body's framing, and whether the framing allows reuse.
 fn framing(
     fields: &Fields,
     status: StatusCode,
     method: &Method,
+    version: Version,
 ) -> Result<(Framing, bool), String> {
     if method == Method::HEAD
         || status == StatusCode::NO_CONTENT
@@ -703,18 +675,26 @@ fn framing(
     {
         return Ok((Framing::Length(0), true));
     }
-    if let Some(chunked) = fields.coding {
+    match fields.coding {
+        // RFC 9112 §6.1: HTTP/1.0 has no transfer codings; its framing is
+        // faulty, so it is read to the close and the connection not reused.
+        Some(_) if version == Version::HTTP_10 => return Ok((Framing::Close, false)),
+        // Passing it on decoded but without its coding would hand the
+        // client bytes it cannot read; tollgate decodes none but chunked.
+        Some(http1::Coding::Other) => {
+            return Err("a transfer coding other than chunked".into());
+        }
         // With a Content-Length beside it, the message may be smuggling:
         // read it chunked, but never reuse the connection.
-        let reuse = chunked && fields.length.is_none();
-        return Ok(match chunked {
-            true => (Framing::Chunked(Chunk::Size), reuse),
-            false => (Framing::Close, false),
-        });
+        Some(http1::Coding::Chunked) => {
+            let reuse = fields.length.is_none();
+            return Ok((Framing::Chunked(Chunk::Size), reuse));
+        }
+        None => {}
     }
     match &fields.length {
         Some(Ok(n)) => Ok((Framing::Length(*n), true)),
-        Some(Err(e)) => Err(e.clone()),
+        Some(Err(e)) => Err(e.to_string()),
         None => Ok((Framing::Close, false)),
     }
 }
@@ -747,6 +727,8 @@ pub enum BodyError {
     Io(io::Error),
     Closed,
     Protocol(&'static str),
+    /// A chunk-size line `http1` refuses.
+    Chunk(http1::ChunkError),
     /// The client's request body failed while the response was streaming.
     Request(RequestBodyError),
 }
@@ -757,6 +739,7 @@ impl std::fmt::Display for BodyError {
             BodyError::Io(e) => write!(f, "connection error: {e}"),
             BodyError::Closed => f.write_str("connection closed before the end of the body"),
             BodyError::Protocol(why) => write!(f, "invalid body: {why}"),
+            BodyError::Chunk(why) => write!(f, "invalid body: {why}"),
             BodyError::Request(e) => write!(f, "request body: {e}"),
         }
     }
@@ -836,13 +819,7 @@ impl Reading {
                     let Some(line) = take_line(read)? else {
                         return Ok(None);
                     };
-                    let size = line.split(|&b| b == b';').next().unwrap_or_default();
-                    let size = std::str::from_utf8(size)
-                        .ok()
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty() && s.len() <= 16)
-                        .and_then(|s| u64::from_str_radix(s, 16).ok())
-                        .ok_or(BodyError::Protocol("bad chunk size"))?;
+                    let size = http1::chunk_size(&line).map_err(BodyError::Chunk)?;
                     self.framing = Framing::Chunked(match size {
                         0 => Chunk::Trailers,
                         n => Chunk::Data(n),
@@ -888,15 +865,17 @@ impl Reading {
     }
 }
 
-/// One CRLF-terminated line off the front of `read` (without the CRLF).
+/// One CRLF-terminated line off the front of `read` (without the CRLF);
+/// a line ended by a bare LF is refused (what is left in it is checked by
+/// `http1::chunk_size`, or is a trailer line, dropped).
 fn take_line(read: &mut BytesMut) -> Result<Option<Bytes>, BodyError> {
     match read.iter().position(|&b| b == b'\n') {
         Some(i) => {
-            let mut line = read.split_to(i + 1).freeze();
-            line.truncate(i);
-            if line.last() == Some(&b'\r') {
-                line.truncate(i - 1);
+            if i == 0 || read[i - 1] != b'\r' {
+                return Err(BodyError::Chunk(http1::ChunkError::BareCrLf));
             }
+            let mut line = read.split_to(i + 1).freeze();
+            line.truncate(i - 1);
             Ok(Some(line))
         }
         None if read.len() > MAX_LINE => Err(BodyError::Protocol("chunk line too long")),
@@ -999,8 +978,10 @@ pub fn encode_head(
     } else if let Some(n) = length.filter(|&n| {
         // No length for a GET, HEAD or CONNECT without a body, whose
         // methods expect none (RFC 9110 §8.6, as nginx and hyper send them).
+        // The client's own `Content-Length` is not forwarded: this one is
+        // the body's, in canonical digits.
         let expects_body = !matches!(*method, Method::GET | Method::HEAD | Method::CONNECT);
-        (n > 0 || expects_body) && !req.headers().contains_key(CONTENT_LENGTH)
+        n > 0 || expects_body
     }) {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());

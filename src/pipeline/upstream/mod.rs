@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -162,7 +162,7 @@ impl Upstream {
         let bodiless = http_body::Body::is_end_stream(&body);
         let replayable = is_idempotent(head.method()) && bodiless;
         let length = http_body::Body::size_hint(&body).exact();
-        let chunked = !bodiless && length.is_none() && !head.headers().contains_key(CONTENT_LENGTH);
+        let chunked = !bodiless && length.is_none();
         let mut body = (!bodiless).then_some(body);
         // The one clock read of the attempt: cool-downs, the pool's idle
         // ages and the duration all measure from it.
@@ -330,10 +330,30 @@ fn body_error(e: RequestBodyError) -> ProxyError {
     match e {
         RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
         RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
-        RequestBodyError::Client(_) => {
-            ProxyError::BadRequest("the client's request body was cut off")
+        // A body hyper could not parse is the client's fault (400); any
+        // other failure is the client going away: it closed the
+        // connection or reset its HTTP/2 stream (nginx's 499).
+        RequestBodyError::Client(e) if malformed(&*e) => {
+            ProxyError::BadRequest("the client's request body is malformed")
         }
+        RequestBodyError::Client(_) => ProxyError::ClientClosed,
     }
+}
+
+/// Whether a client body failed on its framing (hyper's decoder reports a
+/// bad chunk as invalid data or input), not on the client going away.
+fn malformed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+            );
+        }
+        cause = e.source();
+    }
+    false
 }
 
 fn is_idempotent(m: &Method) -> bool {
