@@ -7,6 +7,7 @@ mod common;
 mod admin;
 mod cli;
 mod client_ip;
+mod conformance;
 mod forwarding;
 mod framing;
 mod h1_server;
