@@ -323,3 +323,120 @@ async fn a_peer_that_never_opens_its_window_is_closed_after_send_timeout() {
     assert!(seen.closed, "{seen:?}");
     others_are_served(&proxy).await;
 }
+
+/// After ALPN chose h2 the connection is HTTP/2 only: a client that then
+/// speaks HTTP/1.1 gets GOAWAY(PROTOCOL_ERROR) and the close (RFC 9113
+/// section 3.4; h2spec http2/3.5/2), never an HTTP/1.1 answer.
+#[tokio::test]
+async fn an_invalid_preface_after_alpn_h2_gets_goaway_protocol_error() {
+    let ca = TestCa::new();
+    let up = Upstream::spawn().await;
+    let (cert, key) = ca.leaf("api", &["api.example.com"]);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners:\n  - name: public\n    bind: '127.0.0.1:0'\n    tls: {{ certs: [{{ cert: '{cert}', key: '{key}' }}] }}\nadmin: {{ enabled: false }}\nlog: {{ access_log: false }}\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ))
+    .await;
+    let mut s = tls_connect(proxy.addr(), ca.client_config(&[b"h2"]), "api.example.com").await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    s.write_all(b"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    assert!(
+        !got.starts_with(b"HTTP/1.1"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(got.len() >= 17, "{got:?}");
+    assert_eq!(got[3], GOAWAY, "{got:?}");
+    assert_eq!(&got[13..17], &1u32.to_be_bytes(), "PROTOCOL_ERROR: {got:?}");
+    let errors = proxy.pipeline.metrics().listeners_report()[0].protocol_errors;
+    assert_eq!(errors[tollgate::metrics::ProtocolError::Http2 as usize], 1);
+    assert_eq!(up.hits(), 0);
+}
+
+/// A peer's protocol noise (PING ACKs nobody asked for) is counted, not
+/// written to the log once per frame: the peer cannot flood the log.
+#[tokio::test]
+async fn unsolicited_ping_acks_are_counted_not_logged_per_frame() {
+    let up = Upstream::spawn().await;
+    let tg = crate::common::process::Running::start(&format!(
+        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        up.addr
+    ));
+    let mut s = h2_raw(tg.addr).await;
+    let mut flood = Vec::new();
+    for i in 0..500u64 {
+        flood.extend(frame(PING, 0x1, 0, &i.to_be_bytes()));
+    }
+    flood.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block("/after"),
+    ));
+    s.write_all(&flood).await.unwrap();
+    let (r, _w) = s.into_split();
+    let _ = read_frames(r, Duration::from_millis(500)).await;
+    until(
+        Duration::from_secs(5),
+        "the request after the noise",
+        || std::future::ready(up.hits() == 1),
+    )
+    .await;
+    let mut c = h1(tg.admin).await;
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(empty())
+        .unwrap();
+    let metrics = String::from_utf8(send1(&mut c, req).await.body.to_vec()).unwrap();
+    let noise: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_http2_peer_noise_total "))
+        .expect("the noise counter")
+        .parse()
+        .unwrap();
+    assert!(noise >= 500.0, "{noise}");
+    let logs = tg.logs.lock().unwrap();
+    let noisy = logs.iter().filter(|l| l.contains("PING")).count();
+    assert!(
+        noisy <= 1,
+        "{noisy} log lines about PINGs:\n{}",
+        logs.join("\n")
+    );
+}
+
+/// A stream the client resets while its body is on the way is logged as
+/// 499 (nginx's "client closed request"), not as the client's 400.
+#[tokio::test]
+async fn a_stream_reset_mid_body_is_logged_as_499() {
+    let up = Upstream::spawn().await;
+    let tg = crate::common::process::Running::start_logging(
+        &format!(
+            "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+            up.addr
+        ),
+        true,
+    );
+    let mut s = h2_raw(tg.addr).await;
+    // POST /upload, END_HEADERS only: a body follows.
+    let mut block = vec![0x83, 0x86, 0x04, 7];
+    block.extend_from_slice(b"/upload");
+    block.extend_from_slice(&[0x01, 6]);
+    block.extend_from_slice(b"a.test");
+    let mut out = frame(HEADERS, END_HEADERS, 1, &block);
+    out.extend(frame(0, 0, 1, b"part of a body"));
+    s.write_all(&out).await.unwrap();
+    // The request reaches the upstream, its body streaming.
+    until(Duration::from_secs(5), "the request upstream", || {
+        std::future::ready(up.hits() == 1)
+    })
+    .await;
+    s.write_all(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
+        .await
+        .unwrap();
+    let events = tg.access_events(1).await;
+    assert_eq!(events[0]["status"], 499, "{}", events[0]);
+}

@@ -101,3 +101,98 @@ async fn upgrade_refused_with_426_tunnels_nothing() {
 async fn upgrade_answered_with_200_tunnels_nothing() {
     refused(200).await;
 }
+
+/// A tunnel is one request in the access log and the metrics, logged when
+/// it closes, with its duration and the bytes it carried to the client.
+#[tokio::test]
+async fn a_tunnel_is_one_request_logged_when_it_closes() {
+    let up = Upstream::spawn().await;
+    let tg = crate::common::process::Running::start_logging(
+        &format!(
+            "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+            up.addr
+        ),
+        true,
+    );
+    let url = format!("ws://{}/ws", tg.addr);
+    let (mut ws, resp) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    let text = "x".repeat(1000);
+    for _ in 0..3 {
+        ws.send(Message::text(text.clone())).await.unwrap();
+        ws.next().await.unwrap().unwrap();
+    }
+    // Open for a while: the line comes when the tunnel closes, not at 101.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        tg.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|l| !l.contains("tollgate::access")),
+        "logged before the tunnel closed"
+    );
+    ws.close(None).await.unwrap();
+    drop(ws);
+    let events = tg.access_events(1).await;
+    let e = &events[0];
+    assert_eq!(e["status"], 101, "{e}");
+    assert_eq!(e["path"], "/ws", "{e}");
+    assert!(e["duration_ms"].as_f64().unwrap() >= 600.0, "{e}");
+    // Three echoed 1000-byte messages, framed.
+    assert!(e["bytes"].as_u64().unwrap() >= 3000, "{e}");
+    let metrics = tg_metrics(&tg).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_requests_total{")
+                && l.contains("code=\"101\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+}
+
+async fn tg_metrics(tg: &crate::common::process::Running) -> String {
+    let mut c = h1(tg.admin).await;
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(empty())
+        .unwrap();
+    String::from_utf8(send1(&mut c, req).await.body.to_vec()).unwrap()
+}
+
+/// h2c is never tunnelled, even when a route lists it (`check` refuses
+/// that config), and an h2c upgrade carries nothing past the limits: the
+/// request is answered as HTTP/1.1 and counted once by the limit.
+#[tokio::test]
+async fn an_h2c_upgrade_is_served_as_plain_http1_and_counted_by_the_limits() {
+    let up = Upstream::spawn().await;
+    let refused = tollgate::Config::from_yaml(
+        &format!(
+            "listeners: [{{ bind: '127.0.0.1:0' }}]\nupstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api, upgrades: [websocket, h2c] }}\n",
+            up.addr
+        ),
+        &|_| None,
+    );
+    let err = refused.err().expect("h2c refused").to_string();
+    assert!(
+        err.contains("routes[0].upgrades[1]: h2c is never tunnelled"),
+        "{err}"
+    );
+
+    let proxy = TestProxy::spawn(&config(&format!(
+        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api, limits: [{{ name: two, algorithm: fixed_window, limit: 2, window: 1h, key: ip }}] }}\n",
+        up.addr
+    )))
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    // The upgrade, then at once HTTP/2 requests, as an h2c client sends.
+    let mut ask = b"GET / HTTP/1.1\r\nhost: a\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n".to_vec();
+    ask.extend_from_slice(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    tcp.write_all(&ask).await.unwrap();
+    let head = read_head(&mut tcp).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!head.contains("101"), "{head}");
+    assert!(head.contains("x-ratelimit-remaining: 1"), "{head}");
+    assert_eq!(up.hits(), 1, "one request reached the upstream");
+}
