@@ -362,10 +362,7 @@ async fn an_invalid_preface_after_alpn_h2_gets_goaway_protocol_error() {
 #[tokio::test]
 async fn unsolicited_ping_acks_are_counted_not_logged_per_frame() {
     let up = Upstream::spawn().await;
-    let tg = crate::common::process::Running::start(&format!(
-        "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
-        up.addr
-    ));
+    let tg = crate::common::process::Running::forwarding_to(up.addr, false);
     let mut s = h2_raw(tg.addr).await;
     let mut flood = Vec::new();
     for i in 0..500u64 {
@@ -386,12 +383,7 @@ async fn unsolicited_ping_acks_are_counted_not_logged_per_frame() {
         || std::future::ready(up.hits() == 1),
     )
     .await;
-    let mut c = h1(tg.admin).await;
-    let req = http::Request::get("/metrics")
-        .header("host", "admin")
-        .body(empty())
-        .unwrap();
-    let metrics = String::from_utf8(send1(&mut c, req).await.body.to_vec()).unwrap();
+    let metrics = tg.metrics().await;
     let noise: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("tollgate_http2_peer_noise_total "))
@@ -413,13 +405,7 @@ async fn unsolicited_ping_acks_are_counted_not_logged_per_frame() {
 #[tokio::test]
 async fn a_stream_reset_mid_body_is_logged_as_499() {
     let up = Upstream::spawn().await;
-    let tg = crate::common::process::Running::start_logging(
-        &format!(
-            "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
-            up.addr
-        ),
-        true,
-    );
+    let tg = crate::common::process::Running::forwarding_to(up.addr, true);
     let mut s = h2_raw(tg.addr).await;
     // POST /upload, END_HEADERS only: a body follows.
     let mut block = vec![0x83, 0x86, 0x04, 7];

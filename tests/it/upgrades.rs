@@ -107,13 +107,7 @@ async fn upgrade_answered_with_200_tunnels_nothing() {
 #[tokio::test]
 async fn a_tunnel_is_one_request_logged_when_it_closes() {
     let up = Upstream::spawn().await;
-    let tg = crate::common::process::Running::start_logging(
-        &format!(
-            "upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
-            up.addr
-        ),
-        true,
-    );
+    let tg = crate::common::process::Running::forwarding_to(up.addr, true);
     let url = format!("ws://{}/ws", tg.addr);
     let (mut ws, resp) = tokio_tungstenite::connect_async(&url).await.unwrap();
     assert_eq!(resp.status(), 101);
@@ -141,7 +135,7 @@ async fn a_tunnel_is_one_request_logged_when_it_closes() {
     assert!(e["duration_ms"].as_f64().unwrap() >= 600.0, "{e}");
     // Three echoed 1000-byte messages, framed.
     assert!(e["bytes"].as_u64().unwrap() >= 3000, "{e}");
-    let metrics = tg_metrics(&tg).await;
+    let metrics = tg.metrics().await;
     assert!(
         metrics
             .lines()
@@ -150,15 +144,6 @@ async fn a_tunnel_is_one_request_logged_when_it_closes() {
                 && l.ends_with(" 1")),
         "{metrics}"
     );
-}
-
-async fn tg_metrics(tg: &crate::common::process::Running) -> String {
-    let mut c = h1(tg.admin).await;
-    let req = http::Request::get("/metrics")
-        .header("host", "admin")
-        .body(empty())
-        .unwrap();
-    String::from_utf8(send1(&mut c, req).await.body.to_vec()).unwrap()
 }
 
 /// h2c is never tunnelled, even when a route lists it (`check` refuses

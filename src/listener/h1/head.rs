@@ -230,6 +230,22 @@ impl Head {
     }
 }
 
+/// How the fast path frames the request at the front of `buf`, for the
+/// differential fuzz target: `(head length, body length, keep-alive)`;
+/// `None` when it would not serve it itself (not whole yet, hyper's, or
+/// refused).
+pub fn framing(buf: &[u8], limits: HeadLimits) -> Option<(usize, u64, bool)> {
+    let mut head = Head::default();
+    match parse(buf, limits, &mut head) {
+        Parsed::Head => {
+            // The hand-over `Head::request` makes for what `http` refuses.
+            head.build(&Bytes::copy_from_slice(&buf[..head.len]))?;
+            Some((head.len, head.body, head.keep_alive))
+        }
+        _ => None,
+    }
+}
+
 /// The fast path's reading of `buf`, for the fuzz target: the request and
 /// body it would serve and what stays buffered for the next; `None` when
 /// the head is not whole yet or hyper would be given it.

@@ -40,8 +40,8 @@ use http::{Method, Version};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+pub use self::head::{framing, read_request, HeadLimits};
 use self::head::{parse, Head, Parsed, Refusal};
-pub use self::head::{read_request, HeadLimits};
 use self::respond::{respond, Facts};
 use super::conn::{self, ConnState};
 use super::linger::Linger;

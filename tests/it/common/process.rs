@@ -74,6 +74,26 @@ impl Running {
         }
     }
 
+    /// tollgate forwarding every path to `up`.
+    pub fn forwarding_to(up: SocketAddr, access_log: bool) -> Running {
+        Self::start_logging(
+            &format!(
+                "upstreams:\n  api: {{ targets: ['{up}'] }}\nroutes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n"
+            ),
+            access_log,
+        )
+    }
+
+    /// Its `/metrics` exposition.
+    pub async fn metrics(&self) -> String {
+        let mut c = super::h1(self.admin).await;
+        let req = http::Request::get("/metrics")
+            .header("host", "admin")
+            .body(super::empty())
+            .unwrap();
+        String::from_utf8(super::send1(&mut c, req).await.body.to_vec()).unwrap()
+    }
+
     /// The access-log events logged so far, waiting (up to 5 s) until
     /// there are at least `n`.
     pub async fn access_events(&self, n: usize) -> Vec<serde_json::Value> {
