@@ -670,3 +670,54 @@ routes:
         .unwrap();
     assert_eq!(send1(&mut c, req).await.status, 200);
 }
+
+/// A client that breaks the HTTP rules is counted per listener and kind,
+/// in the exposition, the admin API and the dashboard's listeners table.
+#[tokio::test]
+async fn protocol_errors_are_counted_by_listener_and_kind() {
+    let proxy = TestProxy::spawn(
+        "listeners: [{ name: plain, bind: '127.0.0.1:0' }]
+admin: { bind: '127.0.0.1:0' }
+log: { access_log: false }
+routes: [{ match: { path_prefix: / }, respond: { body: ok } }]
+",
+    )
+    .await;
+    for ask in [
+        "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+            .to_owned(),
+        format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(70 << 10)
+        ),
+    ] {
+        let answer = raw(proxy.addr(), ask.as_bytes(), Duration::from_secs(5)).await;
+        assert!(answer.contains("application/problem+json"), "{answer}");
+    }
+    let m = scrape_until(&proxy, |m| {
+        m.contains(
+            r#"tollgate_http_protocol_errors_total{listener="plain",kind="transfer_coding"} 1"#,
+        )
+    })
+    .await;
+    assert_eq!(
+        value(
+            &m,
+            r#"tollgate_http_protocol_errors_total{listener="plain",kind="head_too_large"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(
+            &m,
+            r#"tollgate_http_protocol_errors_total{listener="plain",kind="http2"}"#
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    let overview = get(proxy.admin.unwrap(), "/api/overview").await.json();
+    let errors = &overview["listeners"][0]["protocol_errors"];
+    assert_eq!(errors["transfer_coding"], 1, "{overview}");
+    assert_eq!(errors["head_too_large"], 1, "{overview}");
+}
