@@ -516,7 +516,7 @@ for n in $names; do
 done
 echo
 printf '%-48s %-17s %-17s %s\n' "ratio (tollgate / reference): median (range)" c64 c256 "target: medians"
-# The target, when a row has one, is the cost goal's (see the README's
+# The target, when a row has one, is the cost goal's (see docs/benchmarks.md's
 # "Benchmarks"): "<=" or ">=" a bound, judged on each median.
 verdict() { # "op bound" c64 c256 -> "<= 1.0: met" / "<= 1.0: missed at c64"
     [ -n "$1" ] || return 0

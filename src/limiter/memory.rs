@@ -16,7 +16,7 @@
 //! - Keys are hashes: two keys colliding in 63 bits would share a bucket
 //!   (about one pair in 10^7 at a million keys).
 //!
-//! Memory per tracked key, measured by `benches/limiter.rs`: see README.
+//! Memory per tracked key, measured by `benches/limiter.rs`: see docs/benchmarks.md.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;

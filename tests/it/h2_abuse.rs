@@ -251,7 +251,7 @@ async fn header_blocks_over_twice_the_limit_are_refused_by_the_h2_layer() {
     assert_eq!(got.status, 431);
     assert_eq!(got.json()["status"], 431);
     // Over twice it (the h2 layer's max_header_list_size): refused by the
-    // h2 layer before tollgate sees the request, as the README states.
+    // h2 layer before tollgate sees the request, as docs/request-path.md states.
     let req = http::Request::get("http://a.test/")
         .header("x-big", "a".repeat(20 << 10))
         .body(empty())
