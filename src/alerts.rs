@@ -362,7 +362,7 @@ async fn post(hook: &AlertWebhook, alert: &Alert) -> Result<(), String> {
         .body(Full::new(Bytes::from(body.clone())))
         .map_err(|e| e.to_string())?;
     if let Some(secret) = &hook.secret {
-        let sig = crate::pipeline::webhook::sign(secret, &[body.as_bytes()]);
+        let sig = crate::secret::sign(secret, &[body.as_bytes()]);
         if let Ok(v) = HeaderValue::from_str(&format!("sha256={sig}")) {
             req.headers_mut().insert("x-tollgate-signature", v);
         }

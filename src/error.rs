@@ -3,7 +3,36 @@
 
 use http::StatusCode;
 
-use crate::config::Problem;
+use std::fmt;
+
+/// One thing wrong with a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// YAML path such as `routes[2].limits[0].window`, or `(file)`.
+    pub path: String,
+    pub message: String,
+    /// Known for syntax errors only.
+    pub line: Option<usize>,
+}
+
+impl Problem {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem {
+            path: path.into(),
+            message: message.into(),
+            line: None,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{} (line {line}): {}", self.path, self.message),
+            None => write!(f, "{}: {}", self.path, self.message),
+        }
+    }
+}
 
 /// A config file that cannot be used: unreadable, or a list of problems.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! accept (listener)          TCP, max-connections cap, graceful shutdown
-//!   -> TLS (listener::tls)   rustls; SNI picks the certificate; ALPN h2 / http/1.1
+//!   -> TLS (tls)             rustls; SNI picks the certificate; ALPN h2 / http/1.1
 //!   -> HTTP (listener::h1) HTTP/1.x fast path: bodiless and small-body requests;
 //!      (listener::conn) hyper for HTTP/2 and every other HTTP/1.x connection;
 //!      one watchdog for header/idle/send limits
@@ -33,13 +33,15 @@
 //! `Store` trait, and `limiter::engine`, the store the pipeline asks, where
 //! each limit's failure mode is applied.
 //! `config` turns the YAML file into the runtime types every stage reads;
+//! `server` is the composition root (binding, the lifecycle, reloads);
+//! `tls` builds both rustls configs; `secret` signs and matches secrets;
 //! `error` holds the one error -> HTTP status table; `http1` the HTTP/1.x
 //! framing rules both roles share (one `Content-Length` rule, one chunk-size
 //! rule, what a `Transfer-Encoding` asks for); `metrics` holds the
 //! counters the request path adds to (atomics indexed at config load);
 //! `import` translates an nginx config (`tollgate import-nginx`);
-//! `reload` says what a config reload keeps, rescales and drops (the swap
-//! itself is in `listener`, which owns the sockets);
+//! `reload` is the reload contract (the swap and what it carries are in
+//! `server`); `docs/architecture.md` draws the floors;
 //! `admin` serves `/healthz`, `/readyz`, `/metrics`, the JSON API under
 //! `/api/` (limits, one key's state and its reset, top offenders) and the
 //! dashboard.
@@ -63,9 +65,12 @@ pub mod logging;
 pub mod metrics;
 pub mod pipeline;
 pub mod reload;
+pub mod secret;
+pub mod server;
 #[doc(hidden)]
 pub mod testing;
+pub mod tls;
 
 pub use config::Config;
 pub use error::{ConfigError, ProxyError};
-pub use listener::Server;
+pub use server::Server;

@@ -42,7 +42,7 @@ pub struct AdminState {
     /// The listeners accepting now (a reload replaces the list).
     pub listeners: Arc<arc_swap::ArcSwap<Vec<(String, SocketAddr)>>>,
     /// The running request path (swapped by reloads).
-    pub live: crate::listener::Live,
+    pub live: crate::pipeline::Live,
     /// Tokens (replaced by reloads).
     pub auth: Arc<arc_swap::ArcSwap<AdminAuth>>,
     /// Asks the server to reload its config (`POST /api/reload`).
@@ -93,8 +93,7 @@ impl AdminAuth {
             })
             .ok_or(())?;
         let i =
-            crate::pipeline::bypass::matching_token(&self.token_hashes, token.trim().as_bytes())
-                .ok_or(())?;
+            crate::secret::matching_token(&self.token_hashes, token.trim().as_bytes()).ok_or(())?;
         let prefix: String = self.token_hashes[i][..4]
             .iter()
             .map(|b| format!("{b:02x}"))

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::checker::Checker;
 use super::compiled::*;
 use super::raw::RawAlerts;
-use crate::pipeline::upstream::client_tls;
+use crate::tls;
 
 pub(super) fn alerts(
     raw: Option<&RawAlerts>,
@@ -30,7 +30,7 @@ pub(super) fn alerts(
         };
         let tls = match uri.scheme_str() {
             Some("http") => None,
-            Some("https") => match client_tls::client_config(None) {
+            Some("https") => match tls::client_config(None) {
                 Ok(cfg) => Some(cfg),
                 Err(e) => {
                     c.report("alerts.webhook.url", e);

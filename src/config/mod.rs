@@ -18,41 +18,13 @@ pub mod units;
 pub mod upstreams;
 pub mod validate;
 
-use std::fmt;
 use std::path::Path;
 
 pub use compiled::*;
 
 use crate::error::ConfigError;
 
-/// One thing wrong with a config file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// YAML path such as `routes[2].limits[0].window`, or `(file)`.
-    pub path: String,
-    pub message: String,
-    /// Known for syntax errors only.
-    pub line: Option<usize>,
-}
-
-impl Problem {
-    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem {
-            path: path.into(),
-            message: message.into(),
-            line: None,
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{} (line {line}): {}", self.path, self.message),
-            None => write!(f, "{}: {}", self.path, self.message),
-        }
-    }
-}
+pub use crate::error::Problem;
 
 impl Config {
     /// Reads and validates a file, taking `${VAR}` from the process environment.

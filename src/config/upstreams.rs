@@ -9,7 +9,7 @@ use http::header::HeaderValue;
 use super::checker::Checker;
 use super::compiled::*;
 use super::raw::RawUpstream;
-use crate::pipeline::upstream::client_tls;
+use crate::tls;
 
 pub(super) fn upstreams(
     c: &mut Checker,
@@ -39,7 +39,7 @@ pub(super) fn upstreams(
         let tls = u
             .tls
             .as_ref()
-            .and_then(|t| match client_tls::client_config(t.ca.as_deref()) {
+            .and_then(|t| match tls::client_config(t.ca.as_deref()) {
                 Ok(config) => {
                     let server_name = t.server_name.as_ref().and_then(|n| {
                         match rustls_pki_types::ServerName::try_from(n.clone()) {

@@ -9,7 +9,7 @@ use super::checker::Checker;
 use super::compiled::*;
 use super::raw::RawConfig;
 use super::Problem;
-use crate::listener::tls;
+use crate::tls;
 
 pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1:9090";
 

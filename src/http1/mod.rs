@@ -1,9 +1,15 @@
 //! The HTTP/1.x framing rules both roles share, with no policy: the one
 //! `Content-Length` rule (the fast path's request heads and the upstream
 //! client's response heads), the one chunk-size rule, and what a
-//! `Transfer-Encoding` value asks for. As strict as hyper's
+//! `Transfer-Encoding` value asks for; the body pump of the server's
+//! fast path (`pump`) and the write helper both roles use. As strict as hyper's
 //! (`src/headers.rs`, `src/proto/h1/decode.rs`): what one leg accepts, the
 //! other does too, so a message cannot mean two lengths to tollgate.
+
+pub mod pump;
+mod write;
+
+pub use write::poll_write_bufs;
 
 /// Why a `Content-Length` cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

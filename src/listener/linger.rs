@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use super::conn::ConnState;
+use crate::pipeline::conn::ConnState;
 
 /// The most a lingering close reads before it gives up.
 pub const MAX_BYTES: u64 = 32 << 20;

@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::record::RequestEnd;
 use super::upstream::h1::{BodyError, ResponseBody};
-use crate::listener::pump::PumpedBody;
+use crate::http1::pump::PumpedBody;
 
 /// A body's stall timer: how long it may make us wait between frames. It is
 /// armed only the first time the body is not ready (most small bodies never
@@ -72,7 +72,7 @@ pub enum ClientBody {
     /// `None` once taken, or when there was none.
     Read(Option<Bytes>),
     /// Read off the connection by the fast path's loop as it is taken
-    /// (`listener::pump`).
+    /// (`http1::pump`).
     Pumped(PumpedBody),
 }
 

@@ -7,7 +7,6 @@
 use std::net::IpAddr;
 
 use http::HeaderMap;
-use sha2::{Digest, Sha256};
 
 use crate::config::{BypassConfig, RouteConfig};
 
@@ -57,23 +56,4 @@ pub fn check(
         .map(|_| Bypass::WebhookSource)
 }
 
-/// Whether `token`'s SHA-256 digest is one of `hashes`. Every hash is
-/// compared, in constant time: the time taken says neither which one nor
-/// whether one matched.
-pub fn token_matches(hashes: &[[u8; 32]], token: &[u8]) -> bool {
-    matching_token(hashes, token).is_some()
-}
-
-/// Which of `hashes` is `token`'s SHA-256 digest, compared like
-/// [`token_matches`]: every hash, in constant time.
-pub fn matching_token(hashes: &[[u8; 32]], token: &[u8]) -> Option<usize> {
-    use subtle::ConstantTimeEq;
-    let digest: [u8; 32] = Sha256::digest(token).into();
-    hashes.iter().enumerate().fold(None, |hit, (i, h)| {
-        if bool::from(h.ct_eq(&digest)) {
-            Some(i)
-        } else {
-            hit
-        }
-    })
-}
+pub use crate::secret::{matching_token, token_matches};

@@ -25,7 +25,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::body::{ClientBody, ProxyBody};
-use crate::listener::conn::ConnState;
+use super::conn::ConnState;
 
 /// The largest unread body discarded to keep a connection open.
 pub const DISCARD_BYTES: u64 = 64 << 10;

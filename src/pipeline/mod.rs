@@ -21,6 +21,7 @@
 pub mod body;
 pub mod bypass;
 pub mod client_ip;
+pub mod conn;
 pub mod ctx;
 pub mod decide;
 pub mod discard;
@@ -48,7 +49,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use self::body::{ClientBody, ProxyBody, Reply};
-use self::client_ip::ClientIp;
+use self::conn::ConnInfo;
 use self::ctx::{Ctx, Stop};
 use self::decide::Origin;
 use self::identity::Identify;
@@ -60,8 +61,11 @@ use crate::alerts::Alerts;
 use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
-use crate::listener::conn::ConnState;
 use crate::metrics::{LimitLabel, Metrics, Outcome, Sources};
+
+/// The running config's request path: every request loads it once, so a
+/// reload swaps it whole and requests already inside finish on theirs.
+pub type Live = Arc<arc_swap::ArcSwap<Pipeline>>;
 
 /// Everything a request needs, shared by all connections.
 pub struct Pipeline {
@@ -109,18 +113,6 @@ pub struct LimitView<'a> {
     /// The policy as configured (`10r/s burst 20`, `5 per 1m (sliding_log)`).
     pub spec: String,
     pub dry_run: bool,
-}
-
-/// What the listener knows about a connection.
-pub struct ConnInfo {
-    pub listener: Arc<str>,
-    pub peer: SocketAddr,
-    /// The peer (the TCP peer, or a trusted PROXY header's source), as a
-    /// client address rendered once per connection.
-    pub client: ClientIp,
-    /// Whether tollgate terminated TLS on this connection (`X-Forwarded-Proto`).
-    pub tls: bool,
-    pub state: Arc<ConnState>,
 }
 
 impl Pipeline {

@@ -14,12 +14,12 @@ use tokio::io::AsyncWriteExt;
 
 use super::body::{ClientBody, ProxyBody, Reply, RequestBody};
 use super::client_ip;
+use super::conn::ConnInfo;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
 use super::upstream::h1::{Answer, Conn};
 use super::upstream::Upstream;
 use super::webhook;
-use super::ConnInfo;
 use crate::config::{HostHeader, RouteConfig};
 use crate::error::ProxyError;
 

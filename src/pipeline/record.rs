@@ -13,9 +13,9 @@ use crate::clock::Clock;
 
 use http::{Method, StatusCode};
 
+use super::conn::ConnState;
 use crate::config::RouteConfig;
 use crate::limiter::conn::ConnSlot;
-use crate::listener::conn::ConnState;
 use crate::metrics::Metrics;
 
 /// What the access log line needs, filled in as the request moves along.

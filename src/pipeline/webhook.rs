@@ -11,9 +11,7 @@
 //! layer: the body is read (up to the route's size limit), its HMAC-SHA256
 //! compared in constant time, and only then forwarded.
 
-use hmac::{Hmac, Mac};
 use http::HeaderMap;
-use sha2::Sha256;
 
 use crate::config::{RouteConfig, VerifyConfig, VerifyScheme, WebhookConfig};
 use crate::error::ProxyError;
@@ -52,16 +50,6 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
-}
-
-fn mac_ok(secret: &[u8], parts: &[&[u8]], signature: &[u8]) -> bool {
-    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret) else {
-        return false;
-    };
-    for p in parts {
-        mac.update(p);
-    }
-    mac.verify_slice(signature).is_ok()
 }
 
 /// Checks a webhook body's signature; `now` is Unix seconds (Stripe).
@@ -116,20 +104,8 @@ pub fn verify(
     }
 }
 
-/// The hex HMAC-SHA256 of `parts` (for tests and tools).
-pub fn sign(secret: &[u8], parts: &[&[u8]]) -> String {
-    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret) else {
-        return String::new();
-    };
-    for p in parts {
-        mac.update(p);
-    }
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use crate::secret::mac_ok;
+pub use crate::secret::sign;
 
 #[cfg(test)]
 mod tests {

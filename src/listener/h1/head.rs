@@ -10,7 +10,7 @@ use http::{HeaderMap, Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
 use crate::http1;
-use crate::listener::pump::Pump;
+use crate::http1::pump::Pump;
 use crate::metrics::Handover;
 use crate::pipeline::body::ClientBody;
 

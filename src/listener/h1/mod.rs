@@ -33,7 +33,7 @@ use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use bytes::BytesMut;
 use http::{Method, Version};
@@ -43,14 +43,15 @@ use tokio::sync::watch;
 pub use self::head::{framing, read_request, HeadLimits};
 use self::head::{parse, Head, Parsed, Refusal};
 use self::respond::{respond, Facts};
-use super::conn::{self, ConnState};
+use super::conn;
 use super::linger::Linger;
-use super::pump::Pump;
 use super::rewind::Rewind;
 use super::ListenerCtx;
 use crate::error::ProxyError;
+use crate::http1::pump::Pump;
 use crate::metrics::{Handover, ProtocolError};
-use crate::pipeline::ConnInfo;
+use crate::pipeline::conn::ConnInfo;
+use crate::pipeline::conn::ConnState;
 use crate::pipeline::{discard, response};
 
 /// A connection's read buffer: taken for a read, and given back while the
@@ -402,19 +403,4 @@ async fn discard<I: AsyncRead + Unpin>(
     })
     .await;
     matches!(drained, Ok(true))
-}
-
-/// Writes what `io` takes of `bufs`: one slice by a plain write, which a
-/// TCP stream sends with `send` (a shorter path in the kernel than
-/// `writev`'s), more than one vectored. Both HTTP/1 writers use it: this
-/// server's responses and the upstream client's requests.
-pub fn poll_write_bufs<I: AsyncWrite + ?Sized>(
-    io: Pin<&mut I>,
-    cx: &mut Context<'_>,
-    bufs: &[IoSlice<'_>],
-) -> Poll<io::Result<usize>> {
-    match bufs {
-        [one] => io.poll_write(cx, one),
-        _ => io.poll_write_vectored(cx, bufs),
-    }
 }

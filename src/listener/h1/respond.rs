@@ -16,8 +16,9 @@ use http::{Response, StatusCode};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{poll_write_bufs, Duplex};
+use super::Duplex;
 use crate::error::ProxyError;
+use crate::http1::poll_write_bufs;
 use crate::pipeline::body::ProxyBody;
 use crate::pipeline::response;
 

@@ -37,10 +37,10 @@ use tokio_rustls::client::TlsStream;
 
 use super::pool::Pool;
 use crate::http1;
-use crate::listener::h1::poll_write_bufs;
-use crate::listener::tls::SendOne;
+use crate::http1::poll_write_bufs;
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
 use crate::pipeline::forward;
+use crate::tls::SendOne;
 
 /// The most header fields an upstream response may have (as hyper).
 const MAX_HEADERS: usize = 100;

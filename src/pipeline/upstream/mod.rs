@@ -12,7 +12,6 @@
 //!
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
-pub mod client_tls;
 pub mod h1;
 pub mod pool;
 
@@ -32,8 +31,8 @@ use super::body::{RequestBody, RequestBodyError};
 use crate::clock::Clock;
 use crate::config::{HostHeader, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::listener::tls::SendOne;
 use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
+use crate::tls::SendOne;
 
 /// A named pool of targets, built once from config.
 pub struct Upstream {

@@ -469,7 +469,7 @@ pub struct TestProxy {
     /// Reloads the config file (for proxies started with `spawn_file`).
     pub reload: tollgate::reload::ReloadHandle,
     /// The request path running now (a reload replaces it).
-    pub live: tollgate::listener::Live,
+    pub live: tollgate::pipeline::Live,
 }
 
 impl TestProxy {
@@ -766,7 +766,7 @@ impl TestCa {
     /// A server-side acceptor for a leaf (for TLS upstreams).
     pub fn acceptor(&self, names: &[&str]) -> TlsAcceptor {
         let (cert, key) = self.leaf(&format!("up-{}", names[0]), names);
-        let (config, _) = tollgate::listener::tls::server_config(&[(&cert, &key)], true).unwrap();
+        let (config, _) = tollgate::tls::server_config(&[(&cert, &key)], true).unwrap();
         TlsAcceptor::from(config)
     }
 }

@@ -17,8 +17,6 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::h1::poll_write_bufs;
-
 /// Picks the certificate for a handshake.
 #[derive(Debug)]
 struct SniResolver {
@@ -216,7 +214,13 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for SendOne<I> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        poll_write_bufs(Pin::new(&mut self.get_mut().0), cx, bufs)
+        // One slice by a plain write (`http1::poll_write_bufs` does the
+        // same for the HTTP/1 writers; this floor does not import it).
+        let io = Pin::new(&mut self.get_mut().0);
+        match bufs {
+            [one] => io.poll_write(cx, one),
+            _ => io.poll_write_vectored(cx, bufs),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
