@@ -13,6 +13,7 @@ mod framing;
 mod h1_server;
 mod h2_abuse;
 mod import_nginx;
+mod layering;
 mod limits;
 mod metrics;
 mod nginx_differential;
