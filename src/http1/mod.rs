@@ -6,10 +6,32 @@
 //! (`src/headers.rs`, `src/proto/h1/decode.rs`): what one leg accepts, the
 //! other does too, so a message cannot mean two lengths to tollgate.
 
+pub mod body;
 pub mod pump;
+mod request;
 mod write;
 
+pub use request::encode_head;
 pub use write::poll_write_bufs;
+
+/// The hop-by-hop fields (RFC 9110 section 7.6.1): always removed on the way through, in both directions.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether a field (or a `Connection` token) is hop-by-hop whatever
+/// `Connection` says, in any case.
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+}
 
 /// Why a `Content-Length` cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

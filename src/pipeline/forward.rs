@@ -10,24 +10,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-/// Always removed on the way through, in both directions.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Whether a field (or a `Connection` token) is hop-by-hop whatever
-/// `Connection` says, in any case.
-pub fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
-}
+pub use crate::http1::is_hop_by_hop;
 
 /// Client-sent forwarding headers: replaced, never trusted.
 fn forwarding(name: &str) -> bool {

@@ -13,6 +13,7 @@
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
 pub mod h1;
+mod io;
 pub mod pool;
 
 use std::net::SocketAddr;
@@ -220,7 +221,7 @@ impl Upstream {
                     if !host_set {
                         head.headers_mut().insert(HOST, target.host_value.clone());
                     }
-                    let encoded = h1::encode_head(head, added, length, chunked);
+                    let encoded = crate::http1::encode_head(head, added, length, chunked);
                     let exchange = h1::exchange(
                         conn,
                         encoded,
