@@ -19,12 +19,13 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::keys;
+use super::report::LimitView;
 use super::{problem, Caller};
 use crate::limiter::{Decision, Verdict};
 use crate::metrics::history::{Step, STEP};
 use crate::metrics::top::{display, CAPACITY, WINDOW};
 use crate::metrics::{Handover, LimitLabel, ProtocolError};
-use crate::pipeline::{LimitView, Pipeline};
+use crate::pipeline::Pipeline;
 
 type Reply = (StatusCode, Value);
 

@@ -20,6 +20,7 @@
 mod api;
 mod dashboard;
 pub mod keys;
+pub mod report;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

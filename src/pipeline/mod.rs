@@ -61,7 +61,7 @@ use crate::alerts::Alerts;
 use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
-use crate::metrics::{LimitLabel, Metrics, Outcome, Sources};
+use crate::metrics::{LimitLabel, Metrics, Outcome};
 
 /// The running config's request path: every request loads it once, so a
 /// reload swaps it whole and requests already inside finish on theirs.
@@ -69,9 +69,9 @@ pub type Live = Arc<arc_swap::ArcSwap<Pipeline>>;
 
 /// Everything a request needs, shared by all connections.
 pub struct Pipeline {
-    routes: Vec<RouteConfig>,
+    pub(crate) routes: Vec<RouteConfig>,
     /// Indexed like `Config::upstreams`, which routes refer to.
-    upstreams: Vec<Arc<Upstream>>,
+    pub(crate) upstreams: Vec<Arc<Upstream>>,
     max_header_bytes: usize,
     max_headers: usize,
     body_read_timeout: std::time::Duration,
@@ -83,20 +83,20 @@ pub struct Pipeline {
     client_ip: ClientIpConfig,
     bypass: BypassConfig,
     /// Tier 1, and the `max_conn` slots per key.
-    zones: Zones,
+    pub(crate) zones: Zones,
     /// Verifies JWTs / API keys when configured.
-    identity: Identify,
+    pub(crate) identity: Identify,
     /// Where limit state lives, and what happens when it fails.
-    engine: Engine,
-    metrics: Arc<Metrics>,
+    pub(crate) engine: Engine,
+    pub(crate) metrics: Arc<Metrics>,
     /// Per route: the metrics index of its first limit (zones come first).
     limit_base: Box<[usize]>,
     /// Per metrics limit: its memory partition, for keys and evictions.
-    partitions: Box<[usize]>,
+    pub(crate) partitions: Box<[usize]>,
     /// Attack alert rules on the limits.
-    alerts: Arc<Alerts>,
+    pub(crate) alerts: Arc<Alerts>,
     /// The listeners, in config order (as the metrics count them).
-    listeners: Box<[ListenerView]>,
+    pub(crate) listeners: Box<[ListenerView]>,
 }
 
 /// A listener as the admin API shows it.
@@ -104,15 +104,6 @@ pub struct ListenerView {
     pub bind: SocketAddr,
     pub tls: bool,
     pub proxy_protocol: bool,
-}
-
-/// A zone or route limit as the admin API shows it.
-pub struct LimitView<'a> {
-    pub limit: &'a crate::limiter::Limit,
-    pub key: &'a crate::config::KeyKind,
-    /// The policy as configured (`10r/s burst 20`, `5 per 1m (sliding_log)`).
-    pub spec: String,
-    pub dry_run: bool,
 }
 
 impl Pipeline {
@@ -257,119 +248,14 @@ impl Pipeline {
         }
     }
 
-    /// Every zone, then every route's limits: the order of the metrics
-    /// limit indices (`Metrics::limits`).
-    pub fn limit_views(&self) -> Vec<LimitView<'_>> {
-        let zones = self.zones.configs().iter().map(|z| LimitView {
-            limit: &z.limit,
-            key: &z.key,
-            spec: match z.limit.algorithm {
-                crate::limiter::Algorithm::Leaky { burst, delay, .. } => {
-                    let delay = match delay {
-                        u64::MAX => " nodelay".to_owned(),
-                        0 => String::new(),
-                        d => format!(" delay={d}"),
-                    };
-                    format!("rate={} burst={burst}{delay}", z.rate_text)
-                }
-                _ => z.rate_text.to_string(),
-            },
-            dry_run: z.dry_run,
-        });
-        let routes = self.routes.iter().flat_map(|r| {
-            r.limits.iter().map(|l| LimitView {
-                limit: &l.limit,
-                key: &l.key,
-                spec: l.description.to_string(),
-                dry_run: l.dry_run,
-            })
-        });
-        zones.chain(routes).collect()
-    }
-
     /// The store the limits are decided by (for the admin API's key reads
     /// and resets).
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
 
-    /// The last alerts fired, newest first.
-    pub fn latest_alerts(&self) -> Vec<(u64, crate::alerts::Alert)> {
-        self.alerts.latest()
-    }
-
-    /// The running totals now (requests, rejections, decisions, upstream
-    /// errors), for the dashboard's history.
-    pub fn sample(&self) -> crate::metrics::history::Sample {
-        let at_ms = crate::clock::unix_ms();
-        let upstream_errors = self
-            .upstreams_report()
-            .into_iter()
-            .flat_map(|u| u.targets)
-            .map(|(_, t)| t[1] + t[2])
-            .sum();
-        self.metrics.sample(at_ms, upstream_errors)
-    }
-
-    /// Every upstream's counters (dashboard, metrics).
-    pub fn upstreams_report(&self) -> Vec<crate::metrics::UpstreamReport> {
-        self.upstreams.iter().map(|u| u.report()).collect()
-    }
-
-    /// Every listener with its connection counters (dashboard).
-    pub fn listeners_report(&self) -> Vec<(crate::metrics::ListenerReport, &ListenerView)> {
-        self.metrics
-            .listeners_report()
-            .into_iter()
-            .zip(self.listeners.iter())
-            .collect()
-    }
-
-    /// The store's health for the dashboard: `/readyz`'s report, plus its
-    /// calls by result and the requests decided by a failure mode.
-    pub fn store_health(&self) -> serde_json::Value {
-        let mut report = self.store_report();
-        let calls: serde_json::Map<String, serde_json::Value> = self
-            .engine
-            .calls()
-            .into_iter()
-            .map(|(_, result, n)| (result.to_owned(), n.into()))
-            .collect();
-        let fallbacks: serde_json::Map<String, serde_json::Value> = self
-            .engine
-            .fallbacks()
-            .into_iter()
-            .map(|(mode, n)| (mode.to_owned(), n.into()))
-            .collect();
-        if let Some(script_calls) = report.get_mut("calls").map(std::mem::take) {
-            report["script_calls"] = script_calls;
-        }
-        report["calls"] = calls.into();
-        report["fallbacks"] = fallbacks.into();
-        report["breaker_open"] = self.engine.redis().map(|r| !r.is_up()).into();
-        report
-    }
-
-    /// The rate-limit store's state, for `/readyz`.
-    pub fn store_report(&self) -> serde_json::Value {
-        match self.engine.redis() {
-            None => serde_json::json!({ "kind": "memory", "up": true }),
-            Some(r) => serde_json::json!({
-                "kind": "redis",
-                "up": r.is_up(),
-                "calls": r.calls(),
-                "sent_as": r.sent_as(),
-            }),
-        }
-    }
-
     pub fn client_ip_config(&self) -> &ClientIpConfig {
         &self.client_ip
-    }
-
-    /// How many tokens the identity stage has verified (or tried to).
-    pub fn token_verifications(&self) -> u64 {
-        self.identity.verifications()
     }
 
     /// The outer handler: never fails, renders a rejection or an error
@@ -593,48 +479,4 @@ fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
             .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
     );
     Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
-}
-
-impl Sources for Pipeline {
-    fn script_calls(&self) -> Option<u64> {
-        self.engine.redis().map(|r| r.calls())
-    }
-
-    fn store_durations(&self) -> Option<crate::metrics::HistogramSnapshot> {
-        self.engine.durations()
-    }
-
-    fn upstreams(&self) -> Vec<crate::metrics::UpstreamReport> {
-        self.upstreams_report()
-    }
-
-    fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)> {
-        self.engine.calls()
-    }
-
-    fn store_fallbacks(&self) -> Vec<(&'static str, u64)> {
-        self.engine.fallbacks()
-    }
-
-    fn breaker_open(&self) -> Option<bool> {
-        self.engine.redis().map(|r| !r.is_up())
-    }
-
-    fn alerts(&self) -> Vec<(Arc<str>, u64)> {
-        self.alerts.fired()
-    }
-
-    fn alert_deliveries(&self) -> Vec<(&'static str, u64)> {
-        self.alerts.deliveries()
-    }
-
-    fn zone_stats(&self) -> Vec<(u64, u64)> {
-        self.partitions
-            .iter()
-            .map(|&p| {
-                let s = self.engine.memory().stats(p);
-                (s.keys as u64, s.evictions)
-            })
-            .collect()
-    }
 }
