@@ -1,0 +1,367 @@
+//! The Prometheus exposition: one scrape encodes the counters of
+//! `Metrics` and what the `Sources` report, family by family.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::*;
+
+/// One scrape: the counters and the sources, encoded.
+pub(super) struct Scrape {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) sources: Arc<dyn Sources>,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scrape")
+    }
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn histograms(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Vec<(&'static str, String)>, HistogramSnapshot)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, (sum, count, buckets)) in series {
+        family
+            .encode_family(&labels)?
+            .encode_histogram::<Vec<(&str, String)>>(sum, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
+        let s = &self.sources;
+        let routes = m.routes.len();
+        let mut requests = Vec::new();
+        for (l, listener) in m.listeners.iter().enumerate() {
+            for (r, route) in m.routes.iter().enumerate() {
+                for code in 0..CODES {
+                    let n = m.requests[l * routes + r][code].load(Ordering::Relaxed);
+                    if n > 0 {
+                        let labels = vec![
+                            ("listener", listener.to_string()),
+                            ("route", route.to_string()),
+                            ("code", (code + 100).to_string()),
+                        ];
+                        requests.push((labels, n));
+                    }
+                }
+            }
+        }
+        counter(
+            &mut e,
+            "tollgate_requests",
+            "Requests answered, by listener, route and status code.",
+            requests,
+        )?;
+        histograms(
+            &mut e,
+            "tollgate_request_duration_seconds",
+            "Time from the request head to the end of the response, by route.",
+            m.routes
+                .iter()
+                .zip(m.durations.iter())
+                .map(|(r, h)| (vec![("route", r.to_string())], h.snapshot())),
+        )?;
+        let mut decisions = Vec::new();
+        for (i, limit) in m.limits.iter().enumerate() {
+            for (o, outcome) in OUTCOMES.iter().enumerate() {
+                for (u, user) in USER_TYPES.iter().enumerate() {
+                    let cell = o * USER_TYPES.len() + u;
+                    let labels = vec![
+                        ("tier", limit.tier.to_owned()),
+                        ("route", limit.route.to_string()),
+                        ("limit", limit.name.to_string()),
+                        ("outcome", (*outcome).to_owned()),
+                        ("user_type", (*user).to_owned()),
+                    ];
+                    decisions.push((labels, m.decisions[i][cell].load(Ordering::Relaxed)));
+                }
+            }
+        }
+        counter(&mut e, "tollgate_limit_decisions", "What the zones and route limits decided, by limit, outcome and whether the user was verified.", decisions)?;
+        histograms(
+            &mut e,
+            "tollgate_limit_delay_seconds",
+            "How long zone delays (nginx burst without nodelay) held requests.",
+            [(Vec::new(), m.global.delays.snapshot())],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_bypass",
+            "Requests that skipped every limit, by reason.",
+            BYPASS_REASONS
+                .iter()
+                .zip(&m.global.bypass)
+                .map(|(r, c)| (vec![("reason", (*r).to_owned())], c.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_store_calls",
+            "Calls to the rate-limit store, by store and result.",
+            s.store_calls().into_iter().map(|(st, res, n)| {
+                (
+                    vec![("store", st.to_owned()), ("result", res.to_owned())],
+                    n,
+                )
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_store_fallback",
+            "Requests decided by a failure mode (on_error) because Redis failed.",
+            s.store_fallbacks()
+                .into_iter()
+                .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
+        )?;
+        if let Some(n) = s.script_calls() {
+            counter(
+                &mut e,
+                "tollgate_store_script_calls",
+                "Redis script calls (EVALSHA); one may decide a batch of requests.",
+                [(Vec::new(), n)],
+            )?;
+        }
+        if let Some(h) = s.store_durations() {
+            histograms(
+                &mut e,
+                "tollgate_store_call_duration_seconds",
+                "Time the Redis store took to decide a request.",
+                [(vec![("store", "redis".to_owned())], h)],
+            )?;
+        }
+        if let Some(open) = s.breaker_open() {
+            gauge(
+                &mut e,
+                "tollgate_store_breaker_open",
+                "1 while the Redis circuit breaker is open.",
+                [(Vec::new(), i64::from(open))],
+            )?;
+        }
+        let stats = s.zone_stats();
+        gauge(
+            &mut e,
+            "tollgate_zone_keys",
+            "Keys tracked in this process's memory store, by limit.",
+            m.limits.iter().zip(&stats).map(|(l, (keys, _))| {
+                (
+                    vec![
+                        ("tier", l.tier.to_owned()),
+                        ("route", l.route.to_string()),
+                        ("limit", l.name.to_string()),
+                    ],
+                    *keys as i64,
+                )
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_zone_evictions",
+            "Keys evicted from a full memory zone (least recently used), by limit.",
+            m.limits.iter().zip(&stats).map(|(l, (_, ev))| {
+                (
+                    vec![
+                        ("tier", l.tier.to_owned()),
+                        ("route", l.route.to_string()),
+                        ("limit", l.name.to_string()),
+                    ],
+                    *ev,
+                )
+            }),
+        )?;
+        gauge(
+            &mut e,
+            "tollgate_connections_open",
+            "Client connections open, by listener.",
+            m.listeners
+                .iter()
+                .zip(m.listener_stats.iter())
+                .map(|(l, c)| {
+                    (
+                        vec![("listener", l.to_string())],
+                        c.open.load(Ordering::Relaxed),
+                    )
+                }),
+        )?;
+        let upstreams = s.upstreams();
+        const RESULTS: [&str; 3] = ["ok", "error", "timeout"];
+        counter(
+            &mut e,
+            "tollgate_upstream_requests",
+            "Requests sent upstream, by upstream, target and result (ok: a response head came back).",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().flat_map(move |(t, n)| {
+                    RESULTS.iter().enumerate().map(move |(i, r)| {
+                        (vec![("upstream", u.name.to_string()), ("target", t.to_string()), ("result", (*r).to_owned())], n[i])
+                    })
+                })
+            }),
+        )?;
+        // Per target: the counter at `i` of each target's five.
+        let per_target = |i: usize| {
+            upstreams.iter().flat_map(move |u| {
+                u.targets.iter().map(move |(t, n)| {
+                    let labels = vec![("upstream", u.name.to_string()), ("target", t.to_string())];
+                    (labels, n[i])
+                })
+            })
+        };
+        counter(
+            &mut e,
+            "tollgate_upstream_retries",
+            "Requests sent again on a fresh connection after a pooled one closed under them.",
+            per_target(3),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_upstream_cooldowns",
+            "Times a target was put in cool-down after a failed connect.",
+            per_target(4),
+        )?;
+        histograms(
+            &mut e,
+            "tollgate_upstream_duration_seconds",
+            "Time from sending a request upstream to its response head.",
+            upstreams
+                .into_iter()
+                .map(|u| (vec![("upstream", u.name.to_string())], u.duration)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_tls_handshake_failures",
+            "TLS handshakes that failed or timed out, by listener.",
+            m.listeners
+                .iter()
+                .zip(m.listener_stats.iter())
+                .map(|(l, n)| {
+                    (
+                        vec![("listener", l.to_string())],
+                        n.tls_failures.load(Ordering::Relaxed),
+                    )
+                }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_tls_handshakes",
+            "TLS handshakes done, by listener and kind (full, or resumed from a session ticket or the session cache).",
+            m.by_listener_and("kind", &["full", "resumed"], |n, i| {
+                n.tls_done[i].load(Ordering::Relaxed)
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http1_handovers",
+            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (chunked, expect, upgrade, head, http2).",
+            m.by_listener_and("reason", &Handover::ALL.map(Handover::label), |n, i| {
+                n.handovers[i].load(Ordering::Relaxed)
+            }),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http_protocol_errors",
+            "Requests refused and connections ended because the client broke the HTTP rules, by listener and kind (head_too_large, too_many_headers, transfer_coding, http2).",
+            m.by_listener_and(
+                "kind",
+                &ProtocolError::ALL.map(ProtocolError::label),
+                |n, i| n.protocol_errors[i].load(Ordering::Relaxed),
+            ),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_http2_peer_noise",
+            "Protocol warnings HTTP/2 peers caused (a PING ACK nobody asked for, a frame on a closed stream): counted here, not logged per frame.",
+            [(Vec::new(), listener::H2_NOISE.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_connections_at_cap",
+            "Connections accepted only after waiting because max_connections were open, by listener.",
+            m.listeners.iter().zip(m.listener_stats.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.at_cap.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_alerts",
+            "Times each alert rule fired.",
+            s.alerts()
+                .into_iter()
+                .map(|(rule, n)| (vec![("rule", rule.to_string())], n)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_alert_deliveries",
+            "Alert webhook deliveries, by result (dropped: the queue was full).",
+            s.alert_deliveries()
+                .into_iter()
+                .map(|(r, n)| (vec![("result", r.to_owned())], n)),
+        )?;
+        counter(
+            &mut e,
+            "tollgate_admin_unauthorized",
+            "Admin requests refused for a missing or wrong token.",
+            [(
+                Vec::new(),
+                m.global.admin_unauthorized.load(Ordering::Relaxed),
+            )],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_admin_key_resets",
+            "Rate-limit keys reset through the admin API.",
+            [(Vec::new(), m.global.key_resets.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "tollgate_config_reloads",
+            "Config reloads, by result (error: the file was refused and the running config kept).",
+            ["ok", "error"]
+                .into_iter()
+                .zip(&m.global.reloads)
+                .map(|(r, n)| (vec![("result", r.to_owned())], n.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            &mut e,
+            "tollgate_build_info",
+            "The running version (always 1).",
+            [(vec![("version", env!("CARGO_PKG_VERSION").to_owned())], 1)],
+        )?;
+        Ok(())
+    }
+}
