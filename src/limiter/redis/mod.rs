@@ -27,7 +27,9 @@ mod batch;
 mod cache;
 mod conn;
 mod function;
+mod keys;
 mod resets;
+mod setup;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,12 +39,13 @@ use redis::Script;
 use smallvec::SmallVec;
 
 use super::memory::ZoneSpec;
-use super::{groups, stops, Algorithm, Check, Decision, LimiterError, Outcome, Store, Verdict};
+use super::{groups, stops, Check, Decision, LimiterError, Outcome, Store};
 use crate::clock::Clock;
 use batch::{Batcher, Job};
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
-use conn::{Link, Target};
+use conn::Link;
 use function::Decide;
+use setup::{describe, params, parse, subscriber, suffixes, target};
 
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
@@ -303,76 +306,6 @@ impl RedisStore {
         out.push_str(check.key);
         out.push_str("}:");
         out.push_str(suffix);
-    }
-
-    /// What the next request (cost 1) on `key` under `limit` would be told,
-    /// read from Redis without charging it (the script's peek writes
-    /// nothing); `None` when Redis holds no state for the key.
-    pub async fn inspect(
-        &self,
-        limit: &super::Limit,
-        key: &str,
-    ) -> Result<Option<Decision>, LimiterError> {
-        let check = Check {
-            peek: true,
-            ..Check::new(limit, key, 1)
-        };
-        let exists: i64 = self
-            .command(redis::cmd("EXISTS").arg(self.key(&check)))
-            .await?;
-        if exists == 0 {
-            return Ok(None);
-        }
-        let (_, decided) = self.call(&[check], 0).await?;
-        Ok(decided.into_iter().next())
-    }
-
-    /// Deletes `key`'s state under `limit` in Redis, forgets it in this
-    /// replica's rejection cache and tells the other replicas to forget it
-    /// too. Whether Redis held state for it.
-    pub async fn reset(&self, limit: &super::Limit, key: &str) -> Result<bool, LimiterError> {
-        let rkey = self.key(&Check::new(limit, key, 1));
-        let deleted: i64 = self.command(redis::cmd("DEL").arg(&rkey)).await?;
-        if let Some(cache) = &self.cache {
-            cache.forget(&self.suffixes[limit.zone], key);
-            let channel = resets::channel(&self.prefix);
-            let message = resets::message(&self.suffixes[limit.zone], key);
-            let published = self
-                .command::<i64>(redis::cmd("PUBLISH").arg(&channel).arg(message))
-                .await;
-            if let Err(e) = published {
-                // The state is gone; only other replicas' caches may lag.
-                tracing::warn!(error = %e, %channel, "rate-limit store: could not publish a reset; other replicas refuse the key from their caches until its retry time (may the Redis user publish to this channel?)");
-            }
-        }
-        Ok(deleted > 0)
-    }
-
-    /// One command on the shared connection, bounded by `timeout`; a
-    /// failure counts toward the breaker like a decision's.
-    async fn command<T: redis::FromRedisValue>(
-        &self,
-        cmd: &mut redis::Cmd,
-    ) -> Result<T, LimiterError> {
-        let (generation, mut conn) = self
-            .link
-            .get()
-            .map_err(|why| LimiterError::Unavailable(why.to_owned()))?;
-        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => {
-                self.link.succeeded();
-                Ok(v)
-            }
-            Ok(Err(e)) => {
-                let broken = (e.is_io_error() || e.is_unrecoverable_error()).then_some(generation);
-                self.link.failed(broken);
-                Err(LimiterError::Unavailable(describe(&e)))
-            }
-            Err(_) => {
-                self.link.failed(None);
-                Err(LimiterError::Timeout(self.timeout.as_millis() as u64))
-            }
-        }
     }
 
     /// Decides like [`Store::decide`], at `now` ms instead of Redis `TIME`
@@ -641,183 +574,5 @@ impl Store for RedisStore {
     }
 }
 
-fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
-    let certs = || redis::TlsCertificates {
-        client_tls: None,
-        root_cert: options.tls_ca.clone(),
-    };
-    if options.cluster {
-        let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
-            .connection_timeout(options.connect_timeout)
-            .retries(0);
-        if options.tls_ca.is_some() {
-            builder = builder.certs(certs());
-        }
-        return builder
-            .build()
-            .map(Target::Cluster)
-            .map_err(|e| describe(&e));
-    }
-    let url = options.nodes.first().ok_or("no Redis URL")?;
-    single_client(url, options)
-        .map(Target::Single)
-        .map_err(|e| describe(&e))
-}
-
-/// Per limit: its Redis key suffix. Its name when unique; for a name used
-/// on several routes, `name@route` (stable when routes are added or
-/// removed around it); `#index` is added only where route names repeat.
-fn suffixes(zones: &[ZoneSpec]) -> Arc<[String]> {
-    let mut suffixes: Vec<String> = Vec::with_capacity(zones.len());
-    for (i, z) in zones.iter().enumerate() {
-        let named = |o: &&ZoneSpec| o.name == z.name;
-        let suffix = if zones.iter().filter(named).count() == 1 {
-            z.name.to_string()
-        } else {
-            let route = z.route.as_deref().unwrap_or("");
-            let same_route = zones
-                .iter()
-                .filter(named)
-                .filter(|o| o.route.as_deref().unwrap_or("") == route)
-                .count();
-            match (&z.route, same_route) {
-                (Some(r), 1) => format!("{}@{r}", z.name),
-                (None, 1) => z.name.to_string(),
-                _ => format!("{}@{route}#{i}", z.name),
-            }
-        };
-        suffixes.push(suffix);
-    }
-    suffixes.into()
-}
-
-/// A plain connection for the reset subscription: the URL, or on a
-/// cluster its first seed (Redis Cluster carries publications to every
-/// node).
-fn subscriber(options: &RedisOptions) -> Option<redis::Client> {
-    single_client(options.nodes.first()?, options).ok()
-}
-
-/// A client for one node, over TLS with the configured CA when given.
-fn single_client(url: &str, options: &RedisOptions) -> redis::RedisResult<redis::Client> {
-    match &options.tls_ca {
-        Some(ca) => redis::Client::build_with_tls(
-            url,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.clone()),
-            },
-        ),
-        None => redis::Client::open(url),
-    }
-}
-
-/// A Redis error in words, without anything from the URL.
-/// (Server errors redis-rs has no category for, such as NOPERM, are named
-/// by their code.)
-fn describe(e: &redis::RedisError) -> String {
-    let name = match e.category() {
-        "" => e.code().unwrap_or("error"),
-        category => category,
-    };
-    match e.detail() {
-        Some(d) => format!("{name}: {d}"),
-        None => e.to_string(),
-    }
-}
-
-/// The script's arguments for an algorithm: tag and three numbers.
-fn params(a: &Algorithm) -> (i64, i64, i64, i64) {
-    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    match *a {
-        Algorithm::FixedWindow { limit, window_ms } => (1, n(limit), n(window_ms), 0),
-        Algorithm::SlidingWindow { limit, window_ms } => (2, n(limit), n(window_ms), 0),
-        Algorithm::SlidingLog { limit, window_ms } => (3, n(limit), n(window_ms), 0),
-        Algorithm::TokenBucket {
-            amount,
-            period_ms,
-            burst,
-        } => (4, n(amount), n(period_ms), n(burst)),
-        Algorithm::Gcra {
-            amount,
-            period_ms,
-            burst,
-        } => (5, n(amount), n(period_ms), n(burst)),
-        Algorithm::Leaky {
-            rate_milli,
-            burst,
-            delay,
-        } => (
-            6,
-            n(rate_milli),
-            n(burst),
-            if delay == u64::MAX { -1 } else { n(delay) },
-        ),
-    }
-}
-
-/// Decision numbers (three per decided check: code, remaining, reset ms)
-/// -> decisions. The code is 0 when allowed, the delay in ms when allowed
-/// after one, and -1 - the retry-after in ms when rejected.
-fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
-    let n = |v: i64| u64::try_from(v).unwrap_or(0);
-    values
-        .chunks_exact(STRIDE)
-        .zip(checks)
-        .map(|(v, c)| {
-            let (limit, window_ms) = c.limit.algorithm.policy();
-            let (verdict, retry_after_ms) = match v[0] {
-                0 => (Verdict::Allow, 0),
-                code if code > 0 => (Verdict::Delay(n(code)), 0),
-                code => (Verdict::Reject, n(-1 - code)),
-            };
-            Decision {
-                verdict,
-                limit,
-                remaining: n(v[1]),
-                reset_ms: n(v[2]),
-                retry_after_ms,
-                window_ms,
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(name: &str, route: Option<&str>) -> ZoneSpec {
-        ZoneSpec {
-            name: name.into(),
-            route: route.map(Into::into),
-            size_bytes: 1 << 20,
-        }
-    }
-
-    #[test]
-    fn key_suffixes_stay_apart_and_do_not_follow_positions() {
-        let zones = [
-            spec("per_ip", None),
-            spec("login", Some("auth")),
-            spec("short", Some("a")),
-            spec("short", Some("b")),
-            spec("per_ip", Some("c")),
-            // Two routes named alike: only then does a position count.
-            spec("burst", Some("d")),
-            spec("burst", Some("d")),
-        ];
-        assert_eq!(
-            &*suffixes(&zones),
-            [
-                "per_ip",
-                "login",
-                "short@a",
-                "short@b",
-                "per_ip@c",
-                "burst@d#5",
-                "burst@d#6"
-            ]
-        );
-    }
-}
+mod tests;
