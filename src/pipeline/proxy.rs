@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::uri::{PathAndQuery, Uri};
-use http::{HeaderMap, Request, Response, Version};
+use http::{Request, Response, Version};
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
@@ -40,14 +40,16 @@ pub async fn forward(
 ) -> Result<Reply, ProxyError> {
     let max_body = route.max_body_bytes;
     let verify = route.webhook.as_ref().and_then(|w| w.verify.as_ref());
-    if let Some(len) = content_length(req.headers()) {
-        if len > max_body {
+    // The length goes upstream as tollgate writes it (canonical digits,
+    // from the body it forwards), never as the client spelt it: the field
+    // is taken out here, in the one lookup that also reads it for the
+    // limit. The server that read the head has checked that every value
+    // agrees, so the first one says the length.
+    if let Some(first) = req.headers_mut().remove(CONTENT_LENGTH) {
+        if crate::http1::add_content_length(None, first.as_bytes()).is_ok_and(|n| n > max_body) {
             return Err(ProxyError::BodyTooLarge { limit: max_body });
         }
     }
-    // The length goes upstream as tollgate writes it (canonical digits,
-    // from the body it forwards), never as the client spelt it.
-    req.headers_mut().remove(CONTENT_LENGTH);
     // Only a protocol the route allows is tunnelled (never h2c); any other
     // `Upgrade` is dropped with the hop-by-hop fields and the request is
     // served as plain HTTP/1.1.
@@ -210,19 +212,6 @@ fn tunnel(
         parts,
         ProxyBody::tunnel(end_to),
     )))
-}
-
-/// The request's length, by the one rule (`http1`); the server that read
-/// the head has refused any other already.
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get_all(CONTENT_LENGTH)
-        .iter()
-        .try_fold(None, |known, v| {
-            crate::http1::add_content_length(known, v.as_bytes()).map(Some)
-        })
-        .ok()
-        .flatten()
 }
 
 /// `/path?query` for the upstream request line.

@@ -292,8 +292,9 @@ fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// A length from the map, by the one rule both legs read lengths by.
 fn parse_length(value: &[u8]) -> Option<u64> {
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
+    crate::http1::add_content_length(None, value).ok()
 }
 
 /// A chunk's size line (`1a2f\r\n`), written into `buf`.
