@@ -1,16 +1,18 @@
 //! The YAML file as written: serde types that mirror it key for key, with
-//! unknown keys refused. `load` turns text into them.
+//! unknown keys refused. `load` turns text into them; `import-nginx` builds
+//! them and writes them back, so the schema lives here once.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::{Deserialize, Deserializer};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml::Value;
 
 /// A scalar kept as the text the user wrote, whatever YAML type it parsed as,
 /// so `timeout: 30` reaches validation and gets a duration message instead of
 /// serde's "invalid type: integer".
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Text(pub String);
 
 impl<'de> Deserialize<'de> for Text {
@@ -27,13 +29,30 @@ impl<'de> Deserialize<'de> for Text {
     }
 }
 
+/// Written back as a number when it is one, so an imported `burst: 20`
+/// reads as the user would have typed it.
+impl Serialize for Text {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.parse::<u64>() {
+            Ok(n) if n.to_string() == self.0 => serializer.serialize_u64(n),
+            _ => serializer.serialize_str(&self.0),
+        }
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Text {
+        Text(s.to_owned())
+    }
+}
+
 impl fmt::Display for Text {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct RawConfig {
     pub listeners: Vec<(String, RawListener)>,
     pub admin: Option<RawAdmin>,
@@ -49,7 +68,65 @@ pub struct RawConfig {
     pub alerts: Option<RawAlerts>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Written as a file `load` reads back: the sections in the order `check`
+/// lists them, absent ones left out. Absent keys inside a section are
+/// written as nulls, which the writer (`import`) drops.
+impl Serialize for RawConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        struct Items<'a, T>(&'a [(String, T)]);
+        impl<T: Serialize> Serialize for Items<'_, T> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().map(|(_, item)| item))
+            }
+        }
+        struct Named<'a, T>(&'a [(String, String, T)]);
+        impl<T: Serialize> Serialize for Named<'_, T> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(_, name, item)| (name, item)))
+            }
+        }
+        let mut map = serializer.serialize_map(None)?;
+        if !self.listeners.is_empty() {
+            map.serialize_entry("listeners", &Items(&self.listeners))?;
+        }
+        if let Some(admin) = &self.admin {
+            map.serialize_entry("admin", admin)?;
+        }
+        if let Some(server) = &self.server {
+            map.serialize_entry("server", server)?;
+        }
+        if let Some(client_ip) = &self.client_ip {
+            map.serialize_entry("client_ip", client_ip)?;
+        }
+        if let Some(identity) = &self.identity {
+            map.serialize_entry("identity", identity)?;
+        }
+        if let Some(store) = &self.store {
+            map.serialize_entry("store", store)?;
+        }
+        if let Some(bypass) = &self.bypass {
+            map.serialize_entry("bypass", bypass)?;
+        }
+        if !self.zones.is_empty() {
+            map.serialize_entry("zones", &Items(&self.zones))?;
+        }
+        if !self.upstreams.is_empty() {
+            map.serialize_entry("upstreams", &Named(&self.upstreams))?;
+        }
+        if !self.routes.is_empty() {
+            map.serialize_entry("routes", &Items(&self.routes))?;
+        }
+        if let Some(log) = &self.log {
+            map.serialize_entry("log", log)?;
+        }
+        if let Some(alerts) = &self.alerts {
+            map.serialize_entry("alerts", alerts)?;
+        }
+        map.end()
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub kind: String,
@@ -65,21 +142,21 @@ pub struct RawStore {
     pub tls: Option<RawStoreTls>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBreaker {
     pub failures: Option<Text>,
     pub probe_interval: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStoreTls {
     /// PEM file of the CA that signed the Redis server's certificate.
     pub ca: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawListener {
     pub name: Option<String>,
@@ -88,7 +165,7 @@ pub struct RawListener {
     pub proxy_protocol: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawListenerTls {
     pub certs: Vec<RawCert>,
@@ -96,14 +173,14 @@ pub struct RawListenerTls {
     pub session_tickets: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCert {
     pub cert: String,
     pub key: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub enabled: Option<bool>,
@@ -113,14 +190,14 @@ pub struct RawAdmin {
 }
 
 /// One token or a list of them.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum RawTokens {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<Text>,
@@ -138,7 +215,7 @@ pub struct RawServer {
     pub workers: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub targets: Vec<Text>,
@@ -151,14 +228,14 @@ pub struct RawUpstream {
     pub host_header: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
     pub ca: Option<String>,
     pub server_name: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
@@ -182,7 +259,7 @@ pub struct RawRoute {
     pub upgrades: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub name: String,
@@ -199,13 +276,13 @@ pub struct RawLimit {
     pub on_error: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCount {
     pub status: Vec<u16>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
     pub scheme: String,
@@ -214,7 +291,7 @@ pub struct RawVerify {
     pub tolerance: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawZone {
     pub name: String,
@@ -230,7 +307,7 @@ pub struct RawZone {
     pub on_error: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAlerts {
     pub cooldown: Option<Text>,
@@ -239,7 +316,7 @@ pub struct RawAlerts {
     pub rules: Vec<RawAlertRule>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAlertWebhook {
     pub url: String,
@@ -248,7 +325,7 @@ pub struct RawAlertWebhook {
     pub format: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAlertRule {
     pub name: String,
@@ -259,7 +336,7 @@ pub struct RawAlertRule {
     pub per: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBypass {
     pub paths: Option<Vec<String>>,
@@ -268,7 +345,7 @@ pub struct RawBypass {
     pub sources: Option<Vec<Text>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawMatch {
     pub host: Option<String>,
@@ -278,7 +355,7 @@ pub struct RawMatch {
     pub case_insensitive: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
     pub status: Option<Text>,
@@ -286,7 +363,7 @@ pub struct RawRespond {
     pub headers: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLog {
     pub format: Option<String>,
@@ -294,7 +371,7 @@ pub struct RawLog {
     pub access_log: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientIp {
     pub trusted_proxies: Option<Vec<Text>>,
@@ -303,7 +380,7 @@ pub struct RawClientIp {
     pub ipv6_prefix: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawIdentity {
     pub jwt: Option<RawJwt>,
@@ -311,7 +388,7 @@ pub struct RawIdentity {
     pub on_invalid: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawJwt {
     pub algorithms: Vec<String>,
@@ -326,8 +403,32 @@ pub struct RawJwt {
     pub cookie: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawApiKey {
     pub header: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load::load;
+
+    /// What the importer writes is what `load` reads: every section and
+    /// key of the example config survives a write and a read.
+    #[test]
+    fn the_example_config_survives_a_write_and_a_read() {
+        let lookup = |_: &str| Some("x".to_owned());
+        let (raw, problems) = load(include_str!("../../config.example.yaml"), &lookup);
+        assert!(problems.is_empty(), "{problems:?}");
+        let written = serde_yaml::to_string(&raw).unwrap();
+        let (again, problems) = load(&written, &lookup);
+        assert!(problems.is_empty(), "{problems:?}\n{written}");
+        assert_eq!(serde_yaml::to_string(&again).unwrap(), written);
+        assert!(!raw.routes.is_empty() && !raw.zones.is_empty());
+        let original: serde_yaml::Value =
+            serde_yaml::from_str(include_str!("../../config.example.yaml")).unwrap();
+        let sections = original.as_mapping().unwrap().len();
+        let back: serde_yaml::Value = serde_yaml::from_str(&written).unwrap();
+        assert_eq!(back.as_mapping().unwrap().len(), sections, "{written}");
+    }
 }

@@ -3,7 +3,8 @@
 //! directive it does not translate named by file and line.
 //!
 //! - `reader`: nginx's syntax and `include`s, each directive with its place.
-//! - `translate`: directives -> YAML, and the notes.
+//! - `translate`: directives -> the config types of `config::raw`, written
+//!   as YAML with serde, and the notes.
 
 pub mod reader;
 pub mod translate;

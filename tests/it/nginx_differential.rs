@@ -144,7 +144,7 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
             &format!("127.0.0.1:{nginx_port}"),
             &format!("127.0.0.1:{tollgate_port}"),
         )
-        .replace("\"certs/", &format!("\"{}/certs/", dir.path().display()))
+        .replace(": certs/", &format!(": {}/certs/", dir.path().display()))
         + "admin: { enabled: false }\nlog: { access_log: false }\n";
     let prefix = format!("{}/", dir.path().display());
     let globals = format!("daemon off; pid {prefix}nginx.pid; error_log {prefix}error.log;");
