@@ -22,6 +22,9 @@ mod leaky;
 mod rescale;
 mod windows;
 
+#[cfg(test)]
+pub(crate) mod properties;
+
 pub use rescale::rescale;
 
 use std::collections::VecDeque;
