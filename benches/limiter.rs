@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tollgate::limiter::memory::{MemoryStore, ZoneSpec, ENTRY_BYTES};
 use tollgate::limiter::{Algorithm, Check, Limit};
+use tollgate::limiter::{MemoryStore, ZoneSpec, ENTRY_BYTES};
 
 struct Counting;
 static LIVE: AtomicIsize = AtomicIsize::new(0);

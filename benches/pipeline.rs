@@ -14,8 +14,8 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tollgate::pipeline::forward::{request_headers, Added, Forwarded};
-use tollgate::pipeline::route;
+use tollgate::pipeline::find_route;
+use tollgate::pipeline::{request_headers, Added, Forwarded};
 use tollgate::Config;
 
 fn routes_config(upstream: Option<SocketAddr>) -> Config {
@@ -45,7 +45,7 @@ fn bench_route(c: &mut Criterion) {
     let routes = &config.routes;
     c.bench_function("route/find 43 routes, prefix hit", |b| {
         b.iter(|| {
-            route::find(
+            find_route(
                 routes,
                 Some("www.example.com"),
                 "/svc37/items/42",
@@ -55,7 +55,7 @@ fn bench_route(c: &mut Criterion) {
     });
     c.bench_function("route/find 43 routes, miss", |b| {
         b.iter(|| {
-            route::find(
+            find_route(
                 routes,
                 Some("www.example.com"),
                 "/nothing/here",

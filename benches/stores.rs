@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limiter::memory::{MemoryStore, ZoneSpec};
-use tollgate::limiter::redis::{RedisOptions, RedisStore};
 use tollgate::limiter::{Algorithm, Check, Limit, Store};
+use tollgate::limiter::{MemoryStore, ZoneSpec};
+use tollgate::limiter::{RedisOptions, RedisStore};
 
 fn limits() -> Vec<Limit> {
     let huge = 1_000_000_000;

@@ -52,25 +52,29 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-pub mod admin;
-pub mod alerts;
+// Public: what the binary, the integration tests, the benches and the
+// fuzz targets name. Everything else is the crate's own.
+pub(crate) mod admin;
+pub(crate) mod alerts;
 pub mod clock;
-pub mod config;
-pub mod error;
-pub mod http1;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod http1;
 pub mod import;
 pub mod limiter;
 pub mod listener;
 pub mod logging;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod pipeline;
 pub mod reload;
-pub mod secret;
-pub mod server;
+pub(crate) mod secret;
+pub(crate) mod server;
+#[cfg(any(test, feature = "test-util"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod tls;
 
 pub use config::Config;
 pub use error::{ConfigError, ProxyError};
+pub use metrics::ProtocolError;
 pub use server::Server;

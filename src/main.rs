@@ -246,7 +246,7 @@ fn check_store(config: &Config) -> ExitCode {
         Err(code) => return code,
     };
     let result: Result<String, String> = runtime.block_on(async {
-        let engine = tollgate::limiter::engine::Engine::open(
+        let engine = tollgate::limiter::Engine::open(
             config.store.redis.as_ref(),
             &config.store_zones,
             tollgate::clock::Clock::system(),
@@ -280,8 +280,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
     tollgate::logging::init(&config.log);
     // The accepting runtime; connections run on it too with one worker,
     // else on the worker threads (`listener::workers`).
-    let runtime =
-        tollgate::listener::workers::event_loop().context("cannot start the async runtime")?;
+    let runtime = tollgate::listener::event_loop().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let server = Server::bind(config).await?.with_source(path.to_owned());
         reload_on_sighup(server.reload_handle());

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tollgate::pipeline::client_ip::ClientIp;
+use tollgate::pipeline::ClientIp;
 use tollgate::Config;
 
 const HEADERS: [&str; 5] = [
@@ -31,7 +31,7 @@ fn config() -> &'static Config {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = tollgate::pipeline::host::is_host(data);
+    let _ = tollgate::pipeline::is_host(data);
     let mut headers = HeaderMap::new();
     for (i, part) in data.split(|&b| b == b'\n').enumerate() {
         if let Ok(v) = HeaderValue::from_bytes(part) {

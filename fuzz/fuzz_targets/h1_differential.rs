@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::listener::h1::framing;
+use tollgate::listener::framing;
 
 const LIMITS: (usize, usize) = (64 << 10, 100);
 

@@ -5,7 +5,7 @@
 
 use http_body::Body;
 use libfuzzer_sys::fuzz_target;
-use tollgate::listener::h1::read_request;
+use tollgate::listener::read_request;
 
 fuzz_target!(|data: &[u8]| {
     if let Some((req, body, rest)) = read_request(data) {

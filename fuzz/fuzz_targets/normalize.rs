@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::pipeline::normalize::normalize;
+use tollgate::pipeline::normalize;
 
 fuzz_target!(|path: &str| {
     if let Ok(p) = normalize(path) {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::listener::proxy_protocol::{parse_v1, parse_v2};
+use tollgate::listener::{parse_v1, parse_v2};
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_v1(data);

@@ -19,8 +19,8 @@
 
 mod api;
 mod dashboard;
-pub mod keys;
-pub mod report;
+pub(crate) mod keys;
+pub(crate) mod report;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

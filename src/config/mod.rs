@@ -5,18 +5,18 @@
 //! (`routes[2].match.path: must start with "/", got "api"`), so `tollgate
 //! check` is one edit-and-retry loop, not one per mistake.
 
-pub mod alerts;
-pub mod checker;
-pub mod client;
-pub mod compiled;
-pub mod limits;
-pub mod load;
-pub mod raw;
-pub mod routes;
-pub mod store;
-pub mod units;
-pub mod upstreams;
-pub mod validate;
+pub(crate) mod alerts;
+pub(crate) mod checker;
+pub(crate) mod client;
+pub(crate) mod compiled;
+pub(crate) mod limits;
+pub(crate) mod load;
+pub(crate) mod raw;
+pub(crate) mod routes;
+pub(crate) mod store;
+pub(crate) mod units;
+pub(crate) mod upstreams;
+pub(crate) mod validate;
 
 use std::path::Path;
 

@@ -74,17 +74,6 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
-/// Renders a byte count with the largest exact 1024-based unit.
-pub fn format_size(bytes: u64) -> String {
-    match bytes {
-        0 => "0".to_owned(),
-        _ if bytes.is_multiple_of(1 << 30) => format!("{}GB", bytes >> 30),
-        _ if bytes.is_multiple_of(1 << 20) => format!("{}MB", bytes >> 20),
-        _ if bytes.is_multiple_of(1 << 10) => format!("{}KB", bytes >> 10),
-        _ => format!("{bytes}B"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,9 +130,6 @@ mod tests {
     fn formatting_round_trips() {
         for text in ["250ms", "30s", "1m", "2h"] {
             assert_eq!(format_duration(parse_duration(text).unwrap()), text);
-        }
-        for text in ["512B", "16KB", "10MB", "1GB"] {
-            assert_eq!(format_size(parse_size(text).unwrap()), text);
         }
     }
 }

@@ -6,8 +6,8 @@
 //! (`src/headers.rs`, `src/proto/h1/decode.rs`): what one leg accepts, the
 //! other does too, so a message cannot mean two lengths to tollgate.
 
-pub mod body;
-pub mod pump;
+pub(crate) mod body;
+pub(crate) mod pump;
 mod request;
 mod write;
 

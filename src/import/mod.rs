@@ -6,8 +6,8 @@
 //! - `translate`: directives -> the config types of `config::raw`, written
 //!   as YAML with serde, and the notes.
 
-pub mod reader;
-pub mod translate;
+pub(crate) mod reader;
+pub(crate) mod translate;
 
 pub use reader::{read, Directive, Place, ReadError};
 pub use translate::{translate, Import, Note, Severity};

@@ -13,16 +13,20 @@
 //! to every limit only when every limit allows it, so a rejection by one
 //! burns no quota in the others (as nginx does).
 
-pub mod algorithm;
-pub mod conn;
-pub mod engine;
-pub mod memory;
-pub mod redis;
+pub(crate) mod algorithm;
+pub(crate) mod conn;
+pub(crate) mod engine;
+pub(crate) mod memory;
+pub(crate) mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use algorithm::{Algorithm, State};
+// What the binary, the integration tests and the benches open directly.
+pub use engine::Engine;
+pub use memory::{MemoryStore, ZoneSpec, ENTRY_BYTES};
+pub use redis::{decide_forms, RedisOptions, RedisStore};
 
 /// What one limit says about one request.
 #[must_use]

@@ -4,12 +4,17 @@
 //! (`h1`, tollgate's HTTP/1.x server; `conn`, hyper for HTTP/2 and the
 //! connections `h1` hands over), on one of the worker event loops.
 
-pub mod conn;
-pub mod h1;
-pub mod linger;
-pub mod proxy_protocol;
-pub mod rewind;
-pub mod workers;
+pub(crate) mod conn;
+pub(crate) mod h1;
+pub(crate) mod linger;
+pub(crate) mod proxy_protocol;
+pub(crate) mod rewind;
+pub(crate) mod workers;
+
+// What the binary, the integration tests and the fuzz targets call.
+pub use self::h1::{framing, read_request};
+pub use self::proxy_protocol::{encode_v2, parse_v1, parse_v2};
+pub use self::workers::event_loop;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -13,9 +13,9 @@
 
 mod encode;
 mod histogram;
-pub mod history;
+pub(crate) mod history;
 mod listener;
-pub mod top;
+pub(crate) mod top;
 
 pub use histogram::{Histogram, HistogramSnapshot, CALL_BOUNDS};
 pub use listener::{h2_noise_seen, Handover, ListenerReport, ListenerStats, ProtocolError};

@@ -138,13 +138,10 @@ impl TopKeys {
     }
 
     /// Entries held now, for tests of the memory bound.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let w = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         w.current.entries.len() + w.previous.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use http::HeaderMap;
 
 use crate::config::{BypassConfig, RouteConfig};
+use crate::secret::token_matches;
 
 /// Why a request skips the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,18 +18,6 @@ pub enum Bypass {
     Token,
     Source,
     WebhookSource,
-}
-
-impl Bypass {
-    /// For logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bypass::Path => "path",
-            Bypass::Token => "token",
-            Bypass::Source => "source",
-            Bypass::WebhookSource => "webhook_source",
-        }
-    }
 }
 
 /// Whether (and why) a request to `route` skips every limit.
@@ -55,5 +44,3 @@ pub fn check(
         .filter(|w| w.allows(client))
         .map(|_| Bypass::WebhookSource)
 }
-
-pub use crate::secret::{matching_token, token_matches};

@@ -18,26 +18,34 @@
 //! logs once; `serve` is the inner one and uses `?`. What a request carries
 //! between stages is its [`ctx::Ctx`].
 
-pub mod body;
-pub mod bypass;
-pub mod client_ip;
-pub mod conn;
-pub mod ctx;
-pub mod decide;
-pub mod discard;
-pub mod forward;
-pub mod host;
-pub mod identity;
-pub mod key;
-pub mod limits;
-pub mod normalize;
-pub mod proxy;
-pub mod record;
-pub mod response;
-pub mod route;
-pub mod upstream;
-pub mod webhook;
-pub mod zones;
+pub(crate) mod body;
+pub(crate) mod bypass;
+pub(crate) mod client_ip;
+pub(crate) mod conn;
+pub(crate) mod ctx;
+pub(crate) mod decide;
+pub(crate) mod discard;
+pub(crate) mod forward;
+pub(crate) mod host;
+pub(crate) mod identity;
+pub(crate) mod key;
+pub(crate) mod limits;
+pub(crate) mod normalize;
+pub(crate) mod proxy;
+pub(crate) mod record;
+pub(crate) mod response;
+pub(crate) mod route;
+pub(crate) mod upstream;
+pub(crate) mod webhook;
+pub(crate) mod zones;
+
+// What the integration tests and benches call directly.
+pub use self::client_ip::ClientIp;
+pub use self::forward::{request_headers, Added, Forwarded};
+pub use self::host::is_host;
+pub use self::normalize::normalize;
+pub use self::route::find as find_route;
+pub use self::webhook::sign;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;

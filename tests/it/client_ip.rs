@@ -113,7 +113,7 @@ async fn proxy_protocol_from_a_trusted_peer_sets_the_client() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert!(out.contains("\"x-real-ip\":\"203.0.113.50\""), "{out}");
 
-    let v2 = tollgate::listener::proxy_protocol::encode_v2(
+    let v2 = tollgate::listener::encode_v2(
         "[2001:db8::77]:4000".parse().unwrap(),
         "[2001:db8::1]:443".parse().unwrap(),
     );
@@ -135,7 +135,7 @@ async fn proxy_protocol_from_an_untrusted_peer_is_refused() {
         out.is_empty(),
         "an untrusted peer's connection is closed: {out}"
     );
-    let v2 = tollgate::listener::proxy_protocol::encode_v2(
+    let v2 = tollgate::listener::encode_v2(
         "203.0.113.50:1".parse().unwrap(),
         "10.0.0.1:443".parse().unwrap(),
     );

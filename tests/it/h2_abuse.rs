@@ -353,7 +353,7 @@ async fn an_invalid_preface_after_alpn_h2_gets_goaway_protocol_error() {
     assert_eq!(got[3], GOAWAY, "{got:?}");
     assert_eq!(&got[13..17], &1u32.to_be_bytes(), "PROTOCOL_ERROR: {got:?}");
     let errors = proxy.pipeline.metrics().listeners_report()[0].protocol_errors;
-    assert_eq!(errors[tollgate::metrics::ProtocolError::Http2 as usize], 1);
+    assert_eq!(errors[tollgate::ProtocolError::Http2 as usize], 1);
     assert_eq!(up.hits(), 0);
 }
 

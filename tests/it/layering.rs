@@ -110,3 +110,43 @@ fn the_check_sees_an_upward_import() {
     );
     assert!(floor_of("pipeline") > floor_of("listener"));
 }
+
+/// Modules are the crate's own unless the binary, a test, a bench or a
+/// fuzz target names them: `lib.rs` makes those few public (re-exporting
+/// the names they use), and no other file makes a module `pub`.
+#[test]
+fn only_lib_rs_makes_a_module_public() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    let mut public = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("pub mod ") {
+                public.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(public.is_empty(), "public modules:\n{}", public.join("\n"));
+}
+
+/// Split by concern before a file reaches 600 lines.
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    assert!(files.len() > 50, "{} files found under src/", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .map(|f| (f, std::fs::read_to_string(f).unwrap().lines().count()))
+        .filter(|(_, lines)| *lines > 600)
+        .map(|(f, lines)| format!("{}: {lines} lines", f.display()))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over 600 lines:\n{}",
+        long.join("\n")
+    );
+}

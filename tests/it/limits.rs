@@ -505,7 +505,7 @@ async fn webhook_sources_and_signatures() {
     let body: &'static [u8] = br#"{"action":"opened","number":1}"#;
     let sig = format!(
         "sha256={}",
-        tollgate::pipeline::webhook::sign(secret.as_bytes(), &[body])
+        tollgate::pipeline::sign(secret.as_bytes(), &[body])
     );
     let got = send_with(
         proxy.addr(),

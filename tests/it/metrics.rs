@@ -407,8 +407,7 @@ async fn a_login_flood_fires_each_rule_once_with_a_signed_post() {
     );
     let mut alerts = Vec::new();
     for (sig, body) in &got {
-        let expected =
-            tollgate::pipeline::webhook::sign(b"alert-secret-0123456789", &[body.as_bytes()]);
+        let expected = tollgate::pipeline::sign(b"alert-secret-0123456789", &[body.as_bytes()]);
         assert_eq!(sig, &format!("sha256={expected}"), "signed with the secret");
         alerts.push(serde_json::from_str::<serde_json::Value>(body).unwrap());
     }

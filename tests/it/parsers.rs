@@ -7,10 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
-use tollgate::listener::proxy_protocol::{encode_v2, parse_v1, parse_v2};
-use tollgate::pipeline::client_ip::ClientIp;
-use tollgate::pipeline::host::is_host;
-use tollgate::pipeline::normalize::normalize;
+use tollgate::listener::{encode_v2, parse_v1, parse_v2};
+use tollgate::pipeline::is_host;
+use tollgate::pipeline::normalize;
+use tollgate::pipeline::ClientIp;
 use tollgate::Config;
 
 /// Header values as a client may send them: any visible ASCII, spaces,

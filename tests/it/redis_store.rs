@@ -9,9 +9,9 @@ use crate::common::until_some;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tollgate::clock::Clock;
-use tollgate::limiter::memory::{MemoryStore, ZoneSpec};
-use tollgate::limiter::redis::{RedisOptions, RedisStore};
 use tollgate::limiter::{Algorithm, Check, Limit, Store};
+use tollgate::limiter::{MemoryStore, ZoneSpec};
+use tollgate::limiter::{RedisOptions, RedisStore};
 
 fn options(url: String, cache: bool) -> RedisOptions {
     RedisOptions {
@@ -553,7 +553,7 @@ const SPECS: [(&str, usize); 8] = [
 async fn decide_loaded(
     server: &RedisServer,
 ) -> (redis::aio::MultiplexedConnection, String, redis::Script) {
-    let (library, function, script) = tollgate::limiter::redis::decide_forms();
+    let (library, function, script) = tollgate::limiter::decide_forms();
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: String = redis::cmd("FUNCTION")

@@ -12,9 +12,9 @@
 //!
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
-pub mod h1;
+pub(crate) mod h1;
 mod io;
-pub mod pool;
+pub(crate) mod pool;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
