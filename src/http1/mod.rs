@@ -1,7 +1,8 @@
 //! The HTTP/1.x framing rules both roles share, with no policy: the one
 //! `Content-Length` rule (the fast path's request heads and the upstream
 //! client's response heads), the one chunk-size rule, and what a
-//! `Transfer-Encoding` value asks for; the body pump of the server's
+//! `Transfer-Encoding` value asks for; the upstream client's response head
+//! (`response`) and body decoder (`body`); the body pump of the server's
 //! fast path (`pump`) and the write helper both roles use. As strict as hyper's
 //! (`src/headers.rs`, `src/proto/h1/decode.rs`): what one leg accepts, the
 //! other does too, so a message cannot mean two lengths to tollgate.
@@ -9,6 +10,7 @@
 pub(crate) mod body;
 pub(crate) mod pump;
 mod request;
+pub(crate) mod response;
 mod write;
 
 pub use request::encode_head;

@@ -19,7 +19,6 @@
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
@@ -27,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderValue, CONTENT_LENGTH};
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::Sleep;
@@ -36,15 +35,11 @@ mod writer;
 
 pub use super::io::Io;
 use super::pool::Pool;
-use crate::http1::body::{framing, DecodeError, Fields, Framing};
-use crate::http1::is_hop_by_hop;
+use crate::http1::body::{DecodeError, Framing};
+use crate::http1::response::{self, Field, HeadError, Parsed};
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
 use writer::Writer;
 
-/// The most header fields an upstream response may have (as hyper).
-const MAX_HEADERS: usize = 100;
-/// The largest response head read; beyond it the response is refused.
-const MAX_HEAD: usize = 64 << 10;
 /// First read size; doubled while reads fill it, up to `MAX_READ`.
 const FIRST_READ: usize = 8 << 10;
 const MAX_READ: usize = 256 << 10;
@@ -142,7 +137,7 @@ pub enum SendError {
         unsent: Option<RequestBody>,
     },
     /// The upstream's answer is not valid HTTP/1.1.
-    Protocol(String),
+    Protocol(HeadError),
     /// No response head within the upstream's timeout.
     Timeout,
 }
@@ -313,100 +308,58 @@ struct Head {
 /// Parses a response head off the front of `read`, skipping interim
 /// (1xx) responses other than 101. `None`: more bytes are needed.
 ///
-/// The fields to pass on are copied as lines (names in lower case) into
-/// the response's [`HeadLines`], not parsed into a header map: hop-by-hop
-/// fields and those `Connection` names stay behind, and so does
-/// `Content-Length`, whose framing tollgate writes itself (but for a
-/// HEAD's answer, which says the length of a body it has not got: that
-/// one goes in the map). A `101`'s fields all go in the map, for the
-/// tunnel to pick from.
-fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, String> {
+/// The fields to pass on (`http1::response` says which) are copied as
+/// lines (names in lower case) into the response's [`HeadLines`], not
+/// parsed into a header map; the `Content-Length` of a HEAD's answer goes
+/// in the map. A `101`'s fields all go in the map, for the tunnel to pick
+/// from.
+fn parse_head(read: &mut BytesMut, method: &Method) -> Result<Option<Head>, HeadError> {
     loop {
-        if read.is_empty() {
-            return Ok(None);
+        let mut slots = response::slots();
+        let taken = match response::parse_head(read, method, &mut slots)? {
+            None => return Ok(None),
+            Some(Parsed::Interim(len)) => Err(len),
+            Some(Parsed::Final(head)) => Ok((head.len, copied(head))),
+        };
+        match taken {
+            Err(len) => read.advance(len),
+            Ok((len, head)) => {
+                read.advance(len);
+                return Ok(Some(head));
+            }
         }
-        // Left uninitialised: zeroing 100 slots would write 3.2 KB per
-        // response, more than the head itself (the listener's parse does
-        // the same).
-        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut []);
-        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-            &mut parsed,
-            read,
-            &mut slots,
-        ) {
-            Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
-            Ok(httparse::Status::Complete(_)) => {
-                return Err(format!("response head over {MAX_HEAD} bytes"))
+    }
+}
+
+/// A parsed head as the response and [`HeadLines`] it becomes.
+fn copied(head: response::Head<'_, '_>) -> Head {
+    let mut response = Response::new(());
+    *response.status_mut() = head.status;
+    // Room for the rate-limit fields the response stage adds.
+    let mut lines = HeadLines {
+        lines: BytesMut::with_capacity(head.len + 256),
+        ..HeadLines::default()
+    };
+    for (name, value, field) in head.fields() {
+        if field == Field::HeadLength {
+            if let Ok(v) = HeaderValue::from_bytes(value) {
+                response.headers_mut().append(CONTENT_LENGTH, v);
             }
-            Ok(httparse::Status::Partial) if read.len() > MAX_HEAD => {
-                return Err(format!("response head over {MAX_HEAD} bytes"))
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        };
-        let code = parsed.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code).map_err(|_| format!("status {code}"))?;
-        let version = match parsed.version {
-            Some(0) => Version::HTTP_10,
-            _ => Version::HTTP_11,
-        };
-        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
-            read.advance(len);
             continue;
         }
-        // What the framing rules read, and the names `Connection` lists.
-        let mut facts = Fields::default();
-        for h in parsed.headers.iter() {
-            facts.note(h.name.as_bytes(), h.value);
-        }
-        let (framing, mut keep_alive) =
-            framing(&facts, status, method, version).map_err(|e| e.to_string())?;
-        keep_alive &= match version {
-            Version::HTTP_10 => facts.keep_alive,
-            _ => !facts.close,
-        };
-        let switching = status == StatusCode::SWITCHING_PROTOCOLS;
-        let mut response = Response::new(());
-        *response.status_mut() = status;
-        // Room for the rate-limit fields the response stage adds.
-        let mut head = HeadLines {
-            lines: BytesMut::with_capacity(len + 256),
-            ..HeadLines::default()
-        };
-        for h in parsed.headers.iter() {
-            let name = h.name.as_bytes();
-            if !switching {
-                if is_hop_by_hop(name) || facts.named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
-                    continue;
-                }
-                if name.eq_ignore_ascii_case(b"content-length") {
-                    // The transfer coding wins; a length beside it is a
-                    // lie the client must not see (RFC 9112 §6.3).
-                    if method == Method::HEAD && facts.coding.is_none() {
-                        if let Ok(v) = HeaderValue::from_bytes(h.value) {
-                            response.headers_mut().append(CONTENT_LENGTH, v);
-                        }
-                    }
-                    continue;
-                }
-            }
-            head.date |= name.eq_ignore_ascii_case(b"date");
-            head.rate_limit_names |= starts_with_ignore_case(name, b"x-ratelimit-")
-                || starts_with_ignore_case(name, b"ratelimit");
-            head.push(name, h.value);
-        }
-        drop(facts);
-        read.advance(len);
-        if switching {
-            std::mem::take(&mut head).into_map(response.headers_mut());
-        }
-        return Ok(Some(Head {
-            response,
-            lines: head,
-            framing,
-            keep_alive,
-        }));
+        lines.date |= name.eq_ignore_ascii_case(b"date");
+        lines.rate_limit_names |= starts_with_ignore_case(name, b"x-ratelimit-")
+            || starts_with_ignore_case(name, b"ratelimit");
+        lines.push(name, value);
+    }
+    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+        std::mem::take(&mut lines).into_map(response.headers_mut());
+    }
+    Head {
+        response,
+        lines,
+        framing: head.framing,
+        keep_alive: head.keep_alive,
     }
 }
 
