@@ -15,8 +15,8 @@ static ALLOCATOR: Allocator = Allocator;
 /// has (16 bytes, and no more than the size), as Rust's own system
 /// allocator does. `mi_malloc_aligned` for every layout (what the
 /// `mimalloc` crate does) takes an over-allocating slow path for blocks
-/// above 1 KiB, such as a request's future: about 150 instructions more
-/// each, three times a request.
+/// above 1 KiB, such as a request's future (docs/benchmarks.md, "Why
+/// tollgate has its own HTTP/1.x server", has the cost).
 struct Allocator;
 
 /// The alignment every mimalloc block has, for sizes at least this large.

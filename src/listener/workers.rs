@@ -24,15 +24,13 @@ use tokio::sync::watch;
 /// Tasks an event loop runs between two polls for I/O while tasks are
 /// ready (tokio's default is 61; with none ready it polls at once).
 ///
-/// At 256 busy connections, polling every 61 tasks took about 59 events a
-/// wait, three times as many waits as nginx (about 190 events a wait), and
-/// woke the upstream and the load generator on the other core about twice
-/// as often. With 255, over three sets of five to seven interleaved rounds
-/// of wrk -c256 (profile-guided build), the median CPU per request fell
-/// from 13.6-14.2 µs to 12.7-13.3 (nginx 13.4-14.5). At 64 connections the
-/// queue seldom holds 61 tasks, and nothing changed. An I/O event that
-/// comes while tasks are ready is seen after at most this many of them have
-/// run (about 1 ms at 4 µs a task); timers are checked on the same polls.
+/// Larger than tokio's default so that, under load, a loop handles more of
+/// what one wait for I/O returned before it waits again, as nginx does:
+/// fewer waits, and fewer wake-ups of the upstream and the client on the
+/// other cores (measured in docs/benchmarks.md, "How often the event loop
+/// polls for I/O"). An I/O event that comes while tasks are ready is seen
+/// after at most this many of them have run; timers are checked on the
+/// same polls.
 pub const EVENT_INTERVAL: u32 = 255;
 
 /// A single-threaded runtime for one event loop (workers, and the

@@ -3,9 +3,8 @@
 //! script. Same code, same answers; the library is cheaper. A script runs
 //! from the top on every call: it defines its functions and parses each
 //! request's spec anew. A library's `make` runs once, at its first call,
-//! and keeps both: measured under callgrind, a call of 17 requests costs
-//! Redis 308 thousand instructions as a function against 461 thousand as
-//! a script.
+//! and keeps both, which saves Redis the setup on every call
+//! (docs/benchmarks.md has the instructions per call of each form).
 //!
 //! - The library is named after the script's hash (`tollgate_<hash>`), so
 //!   replicas of different versions never replace each other's during a

@@ -4,9 +4,10 @@
 //! buffer), the request runs through the pipeline, and the answer goes out
 //! with its head and body in one write; the next request is read into a
 //! 4 KiB buffer, which a connection waiting for its next request does not
-//! hold (nginx frees its header buffer between requests too). hyper's
-//! server costs about 15% more CPU per request and 16 KiB of buffers per
-//! connection, which is why this exists.
+//! hold (nginx frees its header buffer between requests too). It exists
+//! because hyper's server cost more CPU per request and kept larger
+//! buffers per connection (docs/benchmarks.md, "Why tollgate has its own
+//! HTTP/1.x server").
 //!
 //! A body that came with its head is handed over whole; the rest of it is
 //! read off the connection as the pipeline takes it (`pump`), also while
