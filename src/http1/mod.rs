@@ -1,13 +1,15 @@
 //! The HTTP/1.x framing rules both roles share, with no policy: the one
 //! `Content-Length` rule (the fast path's request heads and the upstream
 //! client's response heads), the one chunk-size rule, and what a
-//! `Transfer-Encoding` value asks for; the upstream client's response head
+//! `Transfer-Encoding` value asks for; the server's request-head parser
+//! (`head`); the upstream client's response head
 //! (`response`) and body decoder (`body`); the body pump of the server's
 //! fast path (`pump`) and the write helper both roles use. As strict as hyper's
 //! (`src/headers.rs`, `src/proto/h1/decode.rs`): what one leg accepts, the
 //! other does too, so a message cannot mean two lengths to tollgate.
 
 pub(crate) mod body;
+pub(crate) mod head;
 pub(crate) mod pump;
 mod request;
 pub(crate) mod response;

@@ -41,14 +41,16 @@ use http::{Method, Version};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-pub use self::head::{framing, read_request, HeadLimits};
-use self::head::{parse, Head, Parsed, Refusal};
+pub use self::head::read_request;
+use self::head::request;
 use self::respond::{respond, Facts};
 use super::conn;
 use super::linger::Linger;
 use super::rewind::Rewind;
 use super::ListenerCtx;
 use crate::error::ProxyError;
+pub use crate::http1::head::{framing, HeadLimits};
+use crate::http1::head::{parse, Head, Parsed, Refusal};
 use crate::http1::pump::Pump;
 use crate::metrics::{Handover, ProtocolError};
 use crate::pipeline::conn::ConnInfo;
@@ -153,7 +155,7 @@ where
             }
         }
         let keep_alive = head.keep_alive;
-        let Some((mut req, body, pump)) = head.request(&mut buf) else {
+        let Some((mut req, body, pump)) = request(&mut head, &mut buf) else {
             state.handed_over(Handover::Head);
             return Some(Rewind::new(io.into_inner(), buf.freeze()));
         };
