@@ -16,7 +16,7 @@ pub(crate) mod response;
 mod write;
 
 pub use request::encode_head;
-pub use write::poll_write_bufs;
+pub use write::{chunk_size_line, poll_write_bufs, put_field};
 
 /// The hop-by-hop fields (RFC 9110 section 7.6.1): always removed on the way through, in both directions.
 const HOP_BY_HOP: [&str; 7] = [

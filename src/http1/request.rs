@@ -29,10 +29,7 @@ pub fn encode_head(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in fields() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        super::put_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
@@ -44,9 +41,11 @@ pub fn encode_head(
         let expects_body = !matches!(*method, Method::GET | Method::HEAD | Method::CONNECT);
         n > 0 || expects_body
     }) {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        out.extend_from_slice(b"\r\n");
+        super::put_field(
+            &mut out,
+            b"content-length",
+            itoa::Buffer::new().format(n).as_bytes(),
+        );
     }
     out.extend_from_slice(b"\r\n");
     out.freeze()

@@ -313,11 +313,8 @@ impl HeadLines {
     /// Appends the line `name: value` (a `name` in lower case).
     pub fn push(&mut self, name: &[u8], value: &[u8]) {
         let start = self.lines.len();
-        self.lines.extend_from_slice(name);
-        self.lines[start..].make_ascii_lowercase();
-        self.lines.extend_from_slice(b": ");
-        self.lines.extend_from_slice(value);
-        self.lines.extend_from_slice(b"\r\n");
+        crate::http1::put_field(&mut self.lines, name, value);
+        self.lines[start..start + name.len()].make_ascii_lowercase();
     }
 
     /// Each line as (name, value), names as written (lower case).

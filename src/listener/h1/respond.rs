@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::Duplex;
 use crate::error::ProxyError;
-use crate::http1::poll_write_bufs;
+use crate::http1::{chunk_size_line, poll_write_bufs, put_field};
 use crate::pipeline::body::ProxyBody;
 use crate::pipeline::response;
 
@@ -104,10 +104,7 @@ where
             header::DATE => wrote_date = true,
             _ => {}
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     // The upstream's and the rate-limit fields, encoded already.
     let lines = resp.body().lines();
@@ -115,9 +112,9 @@ where
     wrote_date |= lines.date;
     keep &= !said_close;
     let length_line = |out: &mut Vec<u8>, n: u64| {
-        header_line(
+        put_field(
             out,
-            b"content-length: ",
+            b"content-length",
             itoa::Buffer::new().format(n).as_bytes(),
         )
     };
@@ -128,7 +125,7 @@ where
         }
         (true, ..) => Framing::None,
         (false, None, _) => {
-            header_line(out, b"content-length: ", b"0");
+            put_field(out, b"content-length", b"0");
             Framing::None
         }
         (false, Some(_), Some(n)) | (false, Some(Some(n)), None) => {
@@ -140,19 +137,19 @@ where
             Framing::Close
         }
         (false, Some(None), None) => {
-            header_line(out, b"transfer-encoding: ", b"chunked");
+            put_field(out, b"transfer-encoding", b"chunked");
             Framing::Chunked
         }
     };
     if facts.http10 {
         if keep && !said_keep_alive {
-            header_line(out, b"connection: ", b"keep-alive");
+            put_field(out, b"connection", b"keep-alive");
         }
     } else if !keep && !said_close {
-        header_line(out, b"connection: ", b"close");
+        put_field(out, b"connection", b"close");
     }
     if !wrote_date {
-        header_line(out, b"date: ", &date());
+        put_field(out, b"date", &date());
     }
     out.extend_from_slice(b"\r\n");
     if framing == Framing::None {
@@ -215,7 +212,7 @@ where
         left -= data.len() as u64;
         let mut size = [0u8; 20];
         let (prefix, suffix): (&[u8], &[u8]) = match framing {
-            Framing::Chunked => (chunk_size(data.len(), &mut size), b"\r\n"),
+            Framing::Chunked => (chunk_size_line(data.len(), &mut size), b"\r\n"),
             _ => (b"", b""),
         };
         out.extend_from_slice(prefix);
@@ -286,26 +283,9 @@ async fn next_frame<I: AsyncRead + Unpin>(
     .await
 }
 
-fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
 /// A length from the map, by the one rule both legs read lengths by.
 fn parse_length(value: &[u8]) -> Option<u64> {
     crate::http1::add_content_length(None, value).ok()
-}
-
-/// A chunk's size line (`1a2f\r\n`), written into `buf`.
-fn chunk_size(n: usize, buf: &mut [u8; 20]) -> &[u8] {
-    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
-    for (i, slot) in buf[..digits].iter_mut().enumerate() {
-        let nibble = (n >> (4 * (digits - 1 - i))) & 0xf;
-        *slot = b"0123456789abcdef"[nibble];
-    }
-    buf[digits..digits + 2].copy_from_slice(b"\r\n");
-    &buf[..digits + 2]
 }
 
 /// Writes every byte of `bufs` (see [`poll_write_bufs`]).
@@ -342,18 +322,4 @@ fn date() -> [u8; 29] {
         d.set((secs, value));
         value
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_sizes_are_lower_case_hex() {
-        let mut b = [0; 20];
-        assert_eq!(chunk_size(5, &mut b), b"5\r\n");
-        assert_eq!(chunk_size(255, &mut b), b"ff\r\n");
-        assert_eq!(chunk_size(4096, &mut b), b"1000\r\n");
-        assert_eq!(chunk_size(usize::MAX, &mut b), b"ffffffffffffffff\r\n");
-    }
 }

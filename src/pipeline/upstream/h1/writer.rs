@@ -12,7 +12,7 @@ use http_body::Body;
 use tokio::io::AsyncWrite;
 
 use super::{Io, SendError};
-use crate::http1::poll_write_bufs;
+use crate::http1::{chunk_size_line, poll_write_bufs};
 use crate::pipeline::body::RequestBody;
 
 /// The request on its way out: the head, then the body (chunked when its
@@ -106,8 +106,9 @@ impl Writer {
                         return Poll::Ready(Ok(()));
                     }
                     if self.chunked {
-                        self.out
-                            .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                        let mut size = [0; 20];
+                        let line = chunk_size_line(data.len(), &mut size);
+                        self.out.push_back(Bytes::copy_from_slice(line));
                         self.out.push_back(data);
                         self.out.push_back(Bytes::from_static(b"\r\n"));
                     } else {
