@@ -38,51 +38,44 @@ impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
     }
 }
 
+/// The `AsyncWrite` methods of a wrapper that writes straight through to
+/// its field `io` (all but `poll_shutdown`, which a wrapper may change).
+macro_rules! write_through {
+    () => {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        }
+
+        fn poll_write_vectored(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.io.is_write_vectored()
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        }
+    };
+}
+pub(crate) use write_through;
+
 impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
+    write_through!();
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::AsyncReadExt;
-
-    #[tokio::test]
-    async fn the_bytes_put_back_come_first_then_the_stream() {
-        let (mut client, server) = tokio::io::duplex(64);
-        tokio::io::AsyncWriteExt::write_all(&mut client, b" world")
-            .await
-            .unwrap();
-        drop(client);
-        let mut rewound = Rewind::new(server, Bytes::from_static(b"hello"));
-        let mut all = String::new();
-        rewound.read_to_string(&mut all).await.unwrap();
-        assert_eq!(all, "hello world");
     }
 }
