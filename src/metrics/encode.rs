@@ -67,8 +67,21 @@ fn histograms(
 
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.requests(&mut e)?;
+        self.limits(&mut e)?;
+        self.store(&mut e)?;
+        self.connections(&mut e)?;
+        self.upstreams(&mut e)?;
+        self.operations(&mut e)?;
+        Ok(())
+    }
+}
+
+/// The families, by what they measure.
+impl Scrape {
+    /// Requests answered and how long they took.
+    fn requests(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let m = &self.metrics;
-        let s = &self.sources;
         let routes = m.routes.len();
         let mut requests = Vec::new();
         for (l, listener) in m.listeners.iter().enumerate() {
@@ -87,13 +100,13 @@ impl Collector for Scrape {
             }
         }
         counter(
-            &mut e,
+            e,
             "tollgate_requests",
             "Requests answered, by listener, route and status code.",
             requests,
         )?;
         histograms(
-            &mut e,
+            e,
             "tollgate_request_duration_seconds",
             "Time from the request head to the end of the response, by route.",
             m.routes
@@ -101,6 +114,13 @@ impl Collector for Scrape {
                 .zip(m.durations.iter())
                 .map(|(r, h)| (vec![("route", r.to_string())], h.snapshot())),
         )?;
+        Ok(())
+    }
+
+    /// What the limits decided, delays, bypasses, and the memory zones' keys.
+    fn limits(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
+        let s = &self.sources;
         let mut decisions = Vec::new();
         for (i, limit) in m.limits.iter().enumerate() {
             for (o, outcome) in OUTCOMES.iter().enumerate() {
@@ -117,15 +137,15 @@ impl Collector for Scrape {
                 }
             }
         }
-        counter(&mut e, "tollgate_limit_decisions", "What the zones and route limits decided, by limit, outcome and whether the user was verified.", decisions)?;
+        counter(e, "tollgate_limit_decisions", "What the zones and route limits decided, by limit, outcome and whether the user was verified.", decisions)?;
         histograms(
-            &mut e,
+            e,
             "tollgate_limit_delay_seconds",
             "How long zone delays (nginx burst without nodelay) held requests.",
             [(Vec::new(), m.global.delays.snapshot())],
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_bypass",
             "Requests that skipped every limit, by reason.",
             BYPASS_REASONS
@@ -133,52 +153,9 @@ impl Collector for Scrape {
                 .zip(&m.global.bypass)
                 .map(|(r, c)| (vec![("reason", (*r).to_owned())], c.load(Ordering::Relaxed))),
         )?;
-        counter(
-            &mut e,
-            "tollgate_store_calls",
-            "Calls to the rate-limit store, by store and result.",
-            s.store_calls().into_iter().map(|(st, res, n)| {
-                (
-                    vec![("store", st.to_owned()), ("result", res.to_owned())],
-                    n,
-                )
-            }),
-        )?;
-        counter(
-            &mut e,
-            "tollgate_store_fallback",
-            "Requests decided by a failure mode (on_error) because Redis failed.",
-            s.store_fallbacks()
-                .into_iter()
-                .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
-        )?;
-        if let Some(n) = s.script_calls() {
-            counter(
-                &mut e,
-                "tollgate_store_script_calls",
-                "Redis script calls (EVALSHA); one may decide a batch of requests.",
-                [(Vec::new(), n)],
-            )?;
-        }
-        if let Some(h) = s.store_durations() {
-            histograms(
-                &mut e,
-                "tollgate_store_call_duration_seconds",
-                "Time the Redis store took to decide a request.",
-                [(vec![("store", "redis".to_owned())], h)],
-            )?;
-        }
-        if let Some(open) = s.breaker_open() {
-            gauge(
-                &mut e,
-                "tollgate_store_breaker_open",
-                "1 while the Redis circuit breaker is open.",
-                [(Vec::new(), i64::from(open))],
-            )?;
-        }
         let stats = s.zone_stats();
         gauge(
-            &mut e,
+            e,
             "tollgate_zone_keys",
             "Keys tracked in this process's memory store, by limit.",
             m.limits.iter().zip(&stats).map(|(l, (keys, _))| {
@@ -193,7 +170,7 @@ impl Collector for Scrape {
             }),
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_zone_evictions",
             "Keys evicted from a full memory zone (least recently used), by limit.",
             m.limits.iter().zip(&stats).map(|(l, (_, ev))| {
@@ -207,8 +184,63 @@ impl Collector for Scrape {
                 )
             }),
         )?;
+        Ok(())
+    }
+
+    /// The rate-limit store: calls, fallbacks, the breaker.
+    fn store(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &self.sources;
+        counter(
+            e,
+            "tollgate_store_calls",
+            "Calls to the rate-limit store, by store and result.",
+            s.store_calls().into_iter().map(|(st, res, n)| {
+                (
+                    vec![("store", st.to_owned()), ("result", res.to_owned())],
+                    n,
+                )
+            }),
+        )?;
+        counter(
+            e,
+            "tollgate_store_fallback",
+            "Requests decided by a failure mode (on_error) because Redis failed.",
+            s.store_fallbacks()
+                .into_iter()
+                .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
+        )?;
+        if let Some(n) = s.script_calls() {
+            counter(
+                e,
+                "tollgate_store_script_calls",
+                "Redis script calls (EVALSHA); one may decide a batch of requests.",
+                [(Vec::new(), n)],
+            )?;
+        }
+        if let Some(h) = s.store_durations() {
+            histograms(
+                e,
+                "tollgate_store_call_duration_seconds",
+                "Time the Redis store took to decide a request.",
+                [(vec![("store", "redis".to_owned())], h)],
+            )?;
+        }
+        if let Some(open) = s.breaker_open() {
+            gauge(
+                e,
+                "tollgate_store_breaker_open",
+                "1 while the Redis circuit breaker is open.",
+                [(Vec::new(), i64::from(open))],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Client connections: open, TLS, the HTTP/1 fast path's hand-overs, protocol errors.
+    fn connections(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
         gauge(
-            &mut e,
+            e,
             "tollgate_connections_open",
             "Client connections open, by listener.",
             m.listeners
@@ -221,10 +253,68 @@ impl Collector for Scrape {
                     )
                 }),
         )?;
+        counter(
+            e,
+            "tollgate_tls_handshake_failures",
+            "TLS handshakes that failed or timed out, by listener.",
+            m.listeners
+                .iter()
+                .zip(m.listener_stats.iter())
+                .map(|(l, n)| {
+                    (
+                        vec![("listener", l.to_string())],
+                        n.tls_failures.load(Ordering::Relaxed),
+                    )
+                }),
+        )?;
+        counter(
+            e,
+            "tollgate_tls_handshakes",
+            "TLS handshakes done, by listener and kind (full, or resumed from a session ticket or the session cache).",
+            m.by_listener_and("kind", &["full", "resumed"], |n, i| {
+                n.tls_done[i].load(Ordering::Relaxed)
+            }),
+        )?;
+        counter(
+            e,
+            "tollgate_http1_handovers",
+            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (chunked, expect, upgrade, head, http2).",
+            m.by_listener_and("reason", &Handover::ALL.map(Handover::label), |n, i| {
+                n.handovers[i].load(Ordering::Relaxed)
+            }),
+        )?;
+        counter(
+            e,
+            "tollgate_http_protocol_errors",
+            "Requests refused and connections ended because the client broke the HTTP rules, by listener and kind (head_too_large, too_many_headers, transfer_coding, http2).",
+            m.by_listener_and(
+                "kind",
+                &ProtocolError::ALL.map(ProtocolError::label),
+                |n, i| n.protocol_errors[i].load(Ordering::Relaxed),
+            ),
+        )?;
+        counter(
+            e,
+            "tollgate_http2_peer_noise",
+            "Protocol warnings HTTP/2 peers caused (a PING ACK nobody asked for, a frame on a closed stream): counted here, not logged per frame.",
+            [(Vec::new(), listener::H2_NOISE.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            e,
+            "tollgate_connections_at_cap",
+            "Connections accepted only after waiting because max_connections were open, by listener.",
+            m.listeners.iter().zip(m.listener_stats.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.at_cap.load(Ordering::Relaxed))),
+        )?;
+        Ok(())
+    }
+
+    /// Upstream requests, retries, cool-downs and latency.
+    fn upstreams(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &self.sources;
         let upstreams = s.upstreams();
         const RESULTS: [&str; 3] = ["ok", "error", "timeout"];
         counter(
-            &mut e,
+            e,
             "tollgate_upstream_requests",
             "Requests sent upstream, by upstream, target and result (ok: a response head came back).",
             upstreams.iter().flat_map(|u| {
@@ -245,79 +335,34 @@ impl Collector for Scrape {
             })
         };
         counter(
-            &mut e,
+            e,
             "tollgate_upstream_retries",
             "Requests sent again on a fresh connection after a pooled one closed under them.",
             per_target(3),
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_upstream_cooldowns",
             "Times a target was put in cool-down after a failed connect.",
             per_target(4),
         )?;
         histograms(
-            &mut e,
+            e,
             "tollgate_upstream_duration_seconds",
             "Time from sending a request upstream to its response head.",
             upstreams
                 .into_iter()
                 .map(|u| (vec![("upstream", u.name.to_string())], u.duration)),
         )?;
+        Ok(())
+    }
+
+    /// Alerts, the admin API, reloads and the build.
+    fn operations(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
+        let s = &self.sources;
         counter(
-            &mut e,
-            "tollgate_tls_handshake_failures",
-            "TLS handshakes that failed or timed out, by listener.",
-            m.listeners
-                .iter()
-                .zip(m.listener_stats.iter())
-                .map(|(l, n)| {
-                    (
-                        vec![("listener", l.to_string())],
-                        n.tls_failures.load(Ordering::Relaxed),
-                    )
-                }),
-        )?;
-        counter(
-            &mut e,
-            "tollgate_tls_handshakes",
-            "TLS handshakes done, by listener and kind (full, or resumed from a session ticket or the session cache).",
-            m.by_listener_and("kind", &["full", "resumed"], |n, i| {
-                n.tls_done[i].load(Ordering::Relaxed)
-            }),
-        )?;
-        counter(
-            &mut e,
-            "tollgate_http1_handovers",
-            "HTTP/1.x connections tollgate's fast path handed to hyper for the rest of their life, by listener and why (chunked, expect, upgrade, head, http2).",
-            m.by_listener_and("reason", &Handover::ALL.map(Handover::label), |n, i| {
-                n.handovers[i].load(Ordering::Relaxed)
-            }),
-        )?;
-        counter(
-            &mut e,
-            "tollgate_http_protocol_errors",
-            "Requests refused and connections ended because the client broke the HTTP rules, by listener and kind (head_too_large, too_many_headers, transfer_coding, http2).",
-            m.by_listener_and(
-                "kind",
-                &ProtocolError::ALL.map(ProtocolError::label),
-                |n, i| n.protocol_errors[i].load(Ordering::Relaxed),
-            ),
-        )?;
-        counter(
-            &mut e,
-            "tollgate_http2_peer_noise",
-            "Protocol warnings HTTP/2 peers caused (a PING ACK nobody asked for, a frame on a closed stream): counted here, not logged per frame.",
-            [(Vec::new(), listener::H2_NOISE.load(Ordering::Relaxed))],
-        )?;
-        counter(
-            &mut e,
-            "tollgate_connections_at_cap",
-            "Connections accepted only after waiting because max_connections were open, by listener.",
-            m.listeners.iter().zip(m.listener_stats.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.at_cap.load(Ordering::Relaxed))),
-        )?;
-        counter(
-            &mut e,
+            e,
             "tollgate_alerts",
             "Times each alert rule fired.",
             s.alerts()
@@ -325,7 +370,7 @@ impl Collector for Scrape {
                 .map(|(rule, n)| (vec![("rule", rule.to_string())], n)),
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_alert_deliveries",
             "Alert webhook deliveries, by result (dropped: the queue was full).",
             s.alert_deliveries()
@@ -333,7 +378,7 @@ impl Collector for Scrape {
                 .map(|(r, n)| (vec![("result", r.to_owned())], n)),
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_admin_unauthorized",
             "Admin requests refused for a missing or wrong token.",
             [(
@@ -342,13 +387,13 @@ impl Collector for Scrape {
             )],
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_admin_key_resets",
             "Rate-limit keys reset through the admin API.",
             [(Vec::new(), m.global.key_resets.load(Ordering::Relaxed))],
         )?;
         counter(
-            &mut e,
+            e,
             "tollgate_config_reloads",
             "Config reloads, by result (error: the file was refused and the running config kept).",
             ["ok", "error"]
@@ -357,7 +402,7 @@ impl Collector for Scrape {
                 .map(|(r, n)| (vec![("result", r.to_owned())], n.load(Ordering::Relaxed))),
         )?;
         gauge(
-            &mut e,
+            e,
             "tollgate_build_info",
             "The running version (always 1).",
             [(vec![("version", env!("CARGO_PKG_VERSION").to_owned())], 1)],
