@@ -26,6 +26,59 @@ pub(super) fn add_route(
         out.note(at, Severity::Lost, message);
         return;
     }
+    let zones = zones(out, inh);
+    // nginx runs `return` in its rewrite phase, before allow / deny: they
+    // never apply to a location that returns.
+    let webhook = if matches!(action, Action::Respond(_)) {
+        if let Some((_, _, place)) = inh.allow.first() {
+            let message = "allow / deny have no effect where nginx answers with return (its rewrite phase runs before access checks); not translated";
+            out.note(place, Severity::Skipped, message);
+        }
+        None
+    } else {
+        allow_deny(inh, !zones.is_empty(), out)
+    };
+    let base = if exact {
+        path.to_owned()
+    } else {
+        path.trim_end_matches('/').to_owned()
+    };
+    let mut name: String = base
+        .trim_start_matches('/')
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    if name.is_empty() {
+        name = "root".into();
+    }
+    if exact {
+        name.push_str("-exact");
+    }
+    if let Some(h) = host {
+        name = format!("{}-{name}", h.replace('*', "any").replace('.', "-"));
+    }
+    let mut unique = name.clone();
+    let mut i = 2;
+    while out.routes.iter().any(|r| r.name == unique) {
+        unique = format!("{name}-{i}");
+        i += 1;
+    }
+    out.routes.push(Route {
+        name: unique,
+        host: host.clone(),
+        exact,
+        path: path.to_owned(),
+        action,
+        zones,
+        body_size: inh.body_size.clone(),
+        webhook,
+        comments: Vec::new(),
+    });
+}
+
+/// The zones a route lists: the `limit_req` and `limit_conn` its location
+/// has or inherits, each noted where it cannot be used as nginx uses it.
+fn zones(out: &mut Out, inh: &Inherited) -> Vec<String> {
     let mut zones = Vec::new();
     let status = inh
         .req_status
@@ -116,53 +169,7 @@ pub(super) fn add_route(
         }
         zones.push(format!("{zone}_conn"));
     }
-    // nginx runs `return` in its rewrite phase, before allow / deny: they
-    // never apply to a location that returns.
-    let webhook = if matches!(action, Action::Respond(_)) {
-        if let Some((_, _, place)) = inh.allow.first() {
-            let message = "allow / deny have no effect where nginx answers with return (its rewrite phase runs before access checks); not translated";
-            out.note(place, Severity::Skipped, message);
-        }
-        None
-    } else {
-        allow_deny(inh, !zones.is_empty(), out)
-    };
-    let base = if exact {
-        path.to_owned()
-    } else {
-        path.trim_end_matches('/').to_owned()
-    };
-    let mut name: String = base
-        .trim_start_matches('/')
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    if name.is_empty() {
-        name = "root".into();
-    }
-    if exact {
-        name.push_str("-exact");
-    }
-    if let Some(h) = host {
-        name = format!("{}-{name}", h.replace('*', "any").replace('.', "-"));
-    }
-    let mut unique = name.clone();
-    let mut i = 2;
-    while out.routes.iter().any(|r| r.name == unique) {
-        unique = format!("{name}-{i}");
-        i += 1;
-    }
-    out.routes.push(Route {
-        name: unique,
-        host: host.clone(),
-        exact,
-        path: path.to_owned(),
-        action,
-        zones,
-        body_size: inh.body_size.clone(),
-        webhook,
-        comments: Vec::new(),
-    });
+    zones
 }
 
 /// `allow` / `deny` as webhook sources, when the meaning is the same:
