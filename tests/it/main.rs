@@ -8,6 +8,7 @@ mod admin;
 mod cli;
 mod client_ip;
 mod conformance;
+mod contrib;
 mod forwarding;
 mod framing;
 mod h1_server;
