@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::common::*;
 
 /// Every case and the exit code its import must give.
-const CASES: [(&str, i32); 9] = [
+const CASES: [(&str, i32); 10] = [
     ("api-tier", 0),
     ("multi-zone", 0),
     ("delay", 0),
@@ -19,6 +19,7 @@ const CASES: [(&str, i32); 9] = [
     ("includes", 0),
     ("tls", 0),
     ("upstreams", 0),
+    ("phases", 0),
     ("unsupported", 2),
 ];
 
@@ -119,8 +120,22 @@ fn what_cannot_be_translated_is_named_with_its_line_and_exits_2() {
         "{}",
         got.stderr
     );
-    // The YAML is still written, and says so where a reader looks.
+    // The YAML is still written, and says so where a reader looks: the
+    // zone where the zones would be, the route that does not list it, and
+    // everything at the end.
     assert!(got.yaml.contains("# NOT EQUIVALENT"), "{}", got.yaml);
+    assert!(
+        got.yaml
+            .contains("# zone per_user (limit_req_zone at nginx.conf:8) is NOT translated"),
+        "{}",
+        got.yaml
+    );
+    assert!(
+        got.yaml
+            .contains("# zone per_user (limit_req at nginx.conf:12) is NOT applied"),
+        "{}",
+        got.yaml
+    );
     // Harmless directives are listed too, without failing the import.
     let api = import("api-tier");
     assert!(

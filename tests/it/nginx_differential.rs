@@ -474,6 +474,39 @@ async fn real_ip_from_a_trusted_proxy_decides_like_nginx() {
     .await;
 }
 
+/// Two rules of nginx's own: `$binary_remote_addr` keys each IPv6 address
+/// on its own (two addresses of one /64 each get their burst), and a
+/// location answered by `return` is never limited, though `limit_req` is
+/// inherited from `http` (the rewrite phase answers first).
+#[tokio::test]
+async fn ipv6_addresses_and_return_locations_decide_like_nginx() {
+    let via = |client: &str, path: &'static str| Req {
+        headers: vec![("x-forwarded-for", client.to_owned())],
+        ..req("127.0.0.2", path, "app.test")
+    };
+    differential(
+        "phases",
+        vec![
+            Step::Burst {
+                at: 0,
+                n: 5,
+                req: via("2001:db8::1", "/"),
+            },
+            Step::Burst {
+                at: 0,
+                n: 5,
+                req: via("2001:db8::2", "/"),
+            },
+            Step::Burst {
+                at: 100,
+                n: 12,
+                req: via("2001:db8::1", "/health"),
+            },
+        ],
+    )
+    .await;
+}
+
 /// Included files: the default server answers unknown hosts without a
 /// limit; the shop (30 r/m burst 10 nodelay) for both its names.
 #[tokio::test]

@@ -14,6 +14,8 @@ use crate::config::raw::{
 
 /// Comment lines above the `index`th item of a list section.
 type Above = BTreeMap<(String, usize), Vec<String>>;
+/// Comment lines above a section's key.
+type Before = BTreeMap<&'static str, Vec<String>>;
 
 const HEADER: &str = "\
 # Written by tollgate import-nginx. Check it with: tollgate check --config <this file>
@@ -24,9 +26,22 @@ const HEADER: &str = "\
 /// be translated) join `out.notes`.
 pub(super) fn yaml(out: &mut Out) -> String {
     let mut above = Above::new();
-    let config = config(out, &mut above);
+    let mut before = Before::new();
+    let config = config(out, &mut above, &mut before);
+    // Zones that could not be translated are named where the zones are,
+    // or where they would have been.
+    if config.zones.is_empty() {
+        if let Some(lines) = before.remove("zones") {
+            let next = if config.upstreams.is_empty() {
+                "routes"
+            } else {
+                "upstreams"
+            };
+            before.entry(next).or_default().extend(lines);
+        }
+    }
     let mut y = String::from(HEADER);
-    y.push_str(&write(&config, &above));
+    y.push_str(&write(&config, &above, &before));
     let mut lost: Vec<&Note> = out
         .notes
         .iter()
@@ -42,14 +57,14 @@ pub(super) fn yaml(out: &mut Out) -> String {
     y
 }
 
-fn config(out: &mut Out, above: &mut Above) -> RawConfig {
+fn config(out: &mut Out, above: &mut Above, before: &mut Before) -> RawConfig {
     if out.listeners.is_empty() {
         super::server::listen_default(out);
     }
     if out.server.max_body_size.is_none() {
         out.server.max_body_size = Some(Text(super::size(NGINX_BODY)));
     }
-    let client_ip =
+    let mut client_ip =
         (!out.trusted.is_empty() || out.real_ip_header.is_some()).then(|| RawClientIp {
             trusted_proxies: Some(out.trusted.iter().map(|t| Text(t.clone())).collect()),
             headers: Some(vec![out
@@ -58,11 +73,20 @@ fn config(out: &mut Out, above: &mut Above) -> RawConfig {
                 .unwrap_or_else(|| "x-real-ip".into())]),
             ..RawClientIp::default()
         });
+    let zones = zones(out, above, before);
+    if zones.iter().any(|(_, z)| z.key.as_deref() == Some("ip")) {
+        client_ip
+            .get_or_insert_with(RawClientIp::default)
+            .ipv6_prefix = Some(Text::from("128"));
+        before.entry("client_ip").or_default().push(
+            "ipv6_prefix 128: nginx's $binary_remote_addr keys each IPv6 address on its own (tollgate's default is the /64)".into(),
+        );
+    }
     RawConfig {
         listeners: listeners(out),
         server: Some(out.server.clone()),
         client_ip,
-        zones: zones(out, above),
+        zones,
         upstreams: upstreams(out),
         routes: routes(out, above),
         ..RawConfig::default()
@@ -95,12 +119,20 @@ fn listeners(out: &Out) -> Vec<(String, RawListener)> {
     out.listeners.iter().enumerate().map(listener).collect()
 }
 
-fn zones(out: &mut Out, above: &mut Above) -> Vec<(String, RawZone)> {
+fn zones(out: &mut Out, above: &mut Above, before: &mut Before) -> Vec<(String, RawZone)> {
     let mut zones = Vec::new();
+    let mut untranslated = |kind: &str, name: &str, at: &crate::import::Place, why: &str| {
+        before.entry("zones").or_default().push(format!(
+            "zone {name} ({kind} at {at}) is NOT translated, and no route lists it: {why}"
+        ));
+    };
     for (name, (u, at)) in &out.used {
         let Some(z) = out.req_zones.get(name) else {
             continue;
         };
+        if let Err(why) = &z.key {
+            untranslated("limit_req_zone", name, &z.at, why);
+        }
         let Some(key) = usable_key(&z.key, &z.at, &mut out.notes) else {
             continue;
         };
@@ -126,6 +158,9 @@ fn zones(out: &mut Out, above: &mut Above) -> Vec<(String, RawZone)> {
         let Some(z) = out.conn_zones.get(name) else {
             continue;
         };
+        if let Err(why) = &z.key {
+            untranslated("limit_conn_zone", name, &z.at, why);
+        }
         let Some(key) = usable_key(&z.key, &z.at, &mut out.notes) else {
             continue;
         };
@@ -210,7 +245,7 @@ fn routes(out: &Out, above: &mut Above) -> Vec<(String, RawRoute)> {
 
 /// `config` as YAML, each section on its own, with `above`'s comments over
 /// list items. Keys the config leaves out (`None`) are not written.
-fn write(config: &RawConfig, above: &Above) -> String {
+fn write(config: &RawConfig, above: &Above, before: &Before) -> String {
     let value = match serde_yaml::to_value(config) {
         Ok(v) => without_nulls(v),
         Err(e) => return format!("# import-nginx could not write the config: {e}\n"),
@@ -222,6 +257,9 @@ fn write(config: &RawConfig, above: &Above) -> String {
     let mut y = String::new();
     for (key, section) in sections {
         let name = key.as_str().unwrap_or_default();
+        for line in before.get(name).into_iter().flatten() {
+            y.push_str(&format!("# {line}\n"));
+        }
         match section {
             Value::Sequence(items) => {
                 y.push_str(name);

@@ -26,10 +26,26 @@ pub(super) fn add_route(
         out.note(at, Severity::Lost, message);
         return;
     }
-    let zones = zones(out, inh);
-    // nginx runs `return` in its rewrite phase, before allow / deny: they
-    // never apply to a location that returns.
-    let webhook = if matches!(action, Action::Respond(_)) {
+    // nginx runs `return` in its rewrite phase, before limit_req,
+    // limit_conn (preaccess) and allow / deny (access): none of them
+    // applies to a location that returns.
+    let responds = matches!(action, Action::Respond(_));
+    let (zones, comments) = if responds {
+        let limited = inh.limit_req.as_ref().is_some_and(|l| !l.is_empty())
+            || inh.limit_conn.as_ref().is_some_and(|l| !l.is_empty());
+        let why = "not limited: nginx answers `return` in its rewrite phase, before limit_req and limit_conn run";
+        (
+            Vec::new(),
+            if limited {
+                vec![why.to_owned()]
+            } else {
+                Vec::new()
+            },
+        )
+    } else {
+        zones(out, inh)
+    };
+    let webhook = if responds {
         if let Some((_, _, place)) = inh.allow.first() {
             let message = "allow / deny have no effect where nginx answers with return (its rewrite phase runs before access checks); not translated";
             out.note(place, Severity::Skipped, message);
@@ -72,14 +88,19 @@ pub(super) fn add_route(
         zones,
         body_size: inh.body_size.clone(),
         webhook,
-        comments: Vec::new(),
+        comments,
     });
 }
 
 /// The zones a route lists: the `limit_req` and `limit_conn` its location
-/// has or inherits, each noted where it cannot be used as nginx uses it.
-fn zones(out: &mut Out, inh: &Inherited) -> Vec<String> {
+/// has or inherits, each noted where it cannot be used as nginx uses it;
+/// and comments for the route on the ones it cannot list.
+fn zones(out: &mut Out, inh: &Inherited) -> (Vec<String>, Vec<String>) {
     let mut zones = Vec::new();
+    let mut comments = Vec::new();
+    let untranslated = |zone: &str, what: &str, place: &Place| {
+        format!("zone {zone} ({what} at {place}) is NOT applied: its key could not be translated (see zones)")
+    };
     let status = inh
         .req_status
         .clone()
@@ -115,6 +136,7 @@ fn zones(out: &mut Out, inh: &Inherited) -> Vec<String> {
             }
             // Reported once, with the zone (a route cannot list it).
             Some(z) if z.key.is_err() => {
+                comments.push(untranslated(&zone, "limit_req", place));
                 out.used.entry(zone.clone()).or_insert((u, place.clone()));
                 continue;
             }
@@ -149,6 +171,7 @@ fn zones(out: &mut Out, inh: &Inherited) -> Vec<String> {
                 continue;
             }
             Some(z) if z.key.is_err() => {
+                comments.push(untranslated(zone, "limit_conn", place));
                 let first = (n.parse().unwrap_or(1), conn_status.clone(), place.clone());
                 out.conn_used.entry(zone.clone()).or_insert(first);
                 continue;
@@ -169,7 +192,7 @@ fn zones(out: &mut Out, inh: &Inherited) -> Vec<String> {
         }
         zones.push(format!("{zone}_conn"));
     }
-    zones
+    (zones, comments)
 }
 
 /// `allow` / `deny` as webhook sources, when the meaning is the same:
