@@ -18,6 +18,7 @@ mod layering;
 mod limits;
 mod metrics;
 mod nginx_differential;
+mod package;
 mod parsers;
 mod pgo_train;
 mod protection;

@@ -1,0 +1,183 @@
+//! The Debian package and its systemd unit: `scripts/package-deb` builds a
+//! .deb holding the binary, the unit, a config that is a conffile and the
+//! contrib files, with maintainer scripts that make the system user; the
+//! unit passes `systemd-analyze verify`, is hardened (its offline security
+//! exposure rated OK) and reloads by SIGHUP; the config the package ships
+//! passes `tollgate check` with the packaged binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::common::process::BIN;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn run(program: &str, args: &[&str], install: &str) -> Output {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} not found ({e}): {install}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const DPKG: &str = "dpkg-deb comes with dpkg: apt-get install dpkg";
+
+#[test]
+fn the_deb_installs_the_binary_the_unit_and_a_config_and_makes_the_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let built = run(
+        repo("scripts/package-deb").to_str().unwrap(),
+        &[
+            "--binary",
+            BIN,
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--fast",
+        ],
+        "scripts/package-deb is in the repository",
+    );
+    let deb = text(&built).trim().to_owned();
+    assert!(deb.ends_with(".deb") && Path::new(&deb).exists(), "{deb}");
+
+    let listing = text(&run("dpkg-deb", &["-c", &deb], DPKG));
+    for (mode, path) in [
+        ("-rwxr-xr-x root/root", "./usr/bin/tollgate"),
+        (
+            "-rw-r--r-- root/root",
+            "./lib/systemd/system/tollgate.service",
+        ),
+        ("-rw-r----- root/root", "./etc/tollgate/tollgate.yaml"),
+        (
+            "-rw-r--r-- root/root",
+            "./usr/share/tollgate/contrib/grafana/tollgate.json",
+        ),
+        (
+            "-rw-r--r-- root/root",
+            "./usr/share/tollgate/contrib/prometheus/tollgate.rules.yml",
+        ),
+        ("-rw-r--r-- root/root", "./usr/share/doc/tollgate/copyright"),
+    ] {
+        assert!(
+            listing
+                .lines()
+                .any(|l| l.starts_with(mode) && l.ends_with(path)),
+            "{path} ({mode}) not in the package:\n{listing}"
+        );
+    }
+
+    let fields = text(&run(
+        "dpkg-deb",
+        &["-f", &deb, "Package", "Version", "Depends"],
+        DPKG,
+    ));
+    assert!(fields.contains("Package: tollgate"), "{fields}");
+    assert!(
+        fields.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))),
+        "{fields}"
+    );
+    assert!(fields.contains("adduser"), "{fields}");
+
+    // The maintainer scripts: the user, systemd told, the service stopped
+    // on removal; an edited config kept across upgrades (a conffile).
+    let control = dir.path().join("control");
+    run("dpkg-deb", &["-e", &deb, control.to_str().unwrap()], DPKG);
+    let read = |f: &str| std::fs::read_to_string(control.join(f)).unwrap();
+    assert_eq!(read("conffiles").trim(), "/etc/tollgate/tollgate.yaml");
+    let postinst = read("postinst");
+    assert!(postinst.contains("adduser --system --group"), "{postinst}");
+    assert!(postinst.contains("chown root:tollgate /etc/tollgate/tollgate.yaml"));
+    assert!(postinst.contains("systemctl daemon-reload"), "{postinst}");
+    assert!(read("prerm").contains("systemctl stop tollgate"));
+    assert!(read("postrm").contains("deluser --system tollgate"));
+    for script in ["postinst", "prerm", "postrm"] {
+        let path = control.join(script);
+        run("sh", &["-n", path.to_str().unwrap()], "sh is POSIX");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&path.metadata().unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o755, "{script}");
+    }
+
+    // What it installs works: the binary runs, the config passes check,
+    // the unit is the one in contrib/.
+    let root = dir.path().join("root");
+    run("dpkg-deb", &["-x", &deb, root.to_str().unwrap()], DPKG);
+    let tollgate = root.join("usr/bin/tollgate");
+    let version = text(&run(tollgate.to_str().unwrap(), &["--version"], "packaged"));
+    assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version}");
+    let config = root.join("etc/tollgate/tollgate.yaml");
+    run(
+        tollgate.to_str().unwrap(),
+        &["check", "--config", config.to_str().unwrap()],
+        "packaged",
+    );
+    assert_eq!(
+        std::fs::read(root.join("lib/systemd/system/tollgate.service")).unwrap(),
+        std::fs::read(repo("contrib/systemd/tollgate.service")).unwrap()
+    );
+}
+
+const SYSTEMD: &str =
+    "systemd-analyze comes with systemd: apt-get install systemd (scripts/test does)";
+
+#[test]
+fn the_unit_is_hardened_verified_and_reloads_by_sighup() {
+    let unit = std::fs::read_to_string(repo("contrib/systemd/tollgate.service")).unwrap();
+    let has = |line: &str| unit.lines().any(|l| l.trim() == line);
+    for line in [
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "ExecStart=/usr/bin/tollgate run --config /etc/tollgate/tollgate.yaml",
+        "User=tollgate",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
+        "CapabilityBoundingSet=CAP_NET_BIND_SERVICE",
+        "KillSignal=SIGTERM",
+    ] {
+        assert!(has(line), "the unit lacks {line}");
+    }
+
+    // systemd checks the unit as it would load it, with the binary at
+    // a path that exists here.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("tollgate.service");
+    std::fs::write(&copy, unit.replace("/usr/bin/tollgate", BIN)).unwrap();
+    let verify = run(
+        "systemd-analyze",
+        &["verify", copy.to_str().unwrap()],
+        SYSTEMD,
+    );
+    let said = String::from_utf8_lossy(&verify.stderr);
+    assert!(said.trim().is_empty(), "systemd-analyze verify: {said}");
+    let security = text(&run(
+        "systemd-analyze",
+        &["security", "--offline=true", copy.to_str().unwrap()],
+        SYSTEMD,
+    ));
+    let overall = security
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no exposure level:\n{security}"));
+    let level: f64 = overall
+        .split("tollgate.service:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{overall}"));
+    assert!(
+        level <= 2.0,
+        "exposure {level}, wanted at most 2.0 (OK):\n{security}"
+    );
+}
