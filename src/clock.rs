@@ -53,6 +53,15 @@ impl Clock {
         }
     }
 
+    /// Waits `d` on this clock: on the system's, a timer; on a frozen one,
+    /// not at all (its time moves only when it is advanced, so a wait
+    /// would never end on it, and a replay must not wait in real time).
+    pub async fn sleep(&self, d: Duration) {
+        if self.frozen.is_none() {
+            tokio::time::sleep(d).await;
+        }
+    }
+
     /// Now, in milliseconds since the Unix epoch.
     pub fn unix_ms(&self) -> u64 {
         match &self.frozen {
@@ -68,6 +77,17 @@ impl FrozenClock {
         FrozenClock(Arc::new(Frozen {
             at: Instant::now(),
             unix_ms: unix_ms(),
+            advanced: AtomicU64::new(0),
+        }))
+    }
+
+    /// Stopped at `unix_ms` (milliseconds since the Unix epoch) on the
+    /// wall clock: a replay's clock starts at its log's first request, so
+    /// windows fall on the same wall-clock boundaries as they did live.
+    pub fn at_unix_ms(unix_ms: u64) -> FrozenClock {
+        FrozenClock(Arc::new(Frozen {
+            at: Instant::now(),
+            unix_ms,
             advanced: AtomicU64::new(0),
         }))
     }

@@ -67,6 +67,7 @@ pub mod logging;
 pub(crate) mod metrics;
 pub mod pipeline;
 pub mod reload;
+pub mod replay;
 pub(crate) mod secret;
 pub(crate) mod server;
 #[cfg(any(test, feature = "test-util"))]

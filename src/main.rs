@@ -121,6 +121,32 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// What a config would have done to the traffic of access logs (nginx
+    /// `combined` or tollgate's JSON): replayed in time order through its
+    /// routes, zones and limits on a virtual clock, on the memory store,
+    /// nothing sent anywhere. Prints per route and per limit the requests,
+    /// would-be refusals, keys refused most, first and last refusal and
+    /// the busiest second. Exit 0, or 1 when a config or log cannot be read.
+    Replay {
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Also replay through this config and print what changed.
+        #[arg(long)]
+        against: Option<PathBuf>,
+        /// `text` or `json`.
+        #[arg(long, default_value = "text")]
+        format: ReplayFormat,
+        /// The Host header every request is given (logs hold none).
+        #[arg(long)]
+        host: Option<String>,
+        /// Write one line per request: log:line, logged status, replayed
+        /// status, the limit that refused it (or -).
+        #[arg(long)]
+        decisions: Option<PathBuf>,
+        /// Access logs, merged in time order.
+        #[arg(required = true)]
+        logs: Vec<PathBuf>,
+    },
     /// Validate a config file: print every problem and exit 1, or a summary and exit 0.
     Check {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
@@ -131,12 +157,33 @@ enum Command {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReplayFormat {
+    Text,
+    Json,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config, connect } => check(&config, connect),
         Command::Reload { admin } => reload(&admin),
         Command::ImportNginx { nginx_conf, output } => import_nginx(&nginx_conf, output.as_deref()),
+        Command::Replay {
+            config,
+            against,
+            format,
+            host,
+            decisions,
+            logs,
+        } => {
+            let options = tollgate::replay::Options {
+                logs,
+                host,
+                decisions,
+            };
+            replay(&config, against.as_deref(), format, &options)
+        }
         Command::Run { config } => match run(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -217,6 +264,63 @@ fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
     if imported.lost() {
         eprintln!("tollgate: some of the nginx config was not translated (NOT EQUIVALENT above); review the YAML");
         return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
+}
+
+fn replay(
+    config: &Path,
+    against: Option<&Path>,
+    format: ReplayFormat,
+    options: &tollgate::replay::Options,
+) -> ExitCode {
+    let run = |path: &Path, options: &tollgate::replay::Options| {
+        let config = load(path)?;
+        tollgate::replay::replay(config, &path.display().to_string(), options).map_err(|e| {
+            eprintln!("tollgate: {e}");
+            ExitCode::FAILURE
+        })
+    };
+    let new = match run(config, options) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let old = match against {
+        None => None,
+        Some(path) => {
+            // The decisions file is the new config's.
+            let options = tollgate::replay::Options {
+                decisions: None,
+                ..options.clone()
+            };
+            match run(path, &options) {
+                Ok(r) => Some(r),
+                Err(code) => return code,
+            }
+        }
+    };
+    match (format, &old) {
+        (ReplayFormat::Text, None) => out(&new.text()),
+        (ReplayFormat::Text, Some(old)) => {
+            out(&new.text());
+            out(&format!("\nagainst {}:\n", old.config));
+            out(&tollgate::replay::diff(&new, old));
+        }
+        (ReplayFormat::Json, _) => {
+            let doc = match &old {
+                None => serde_json::to_value(&new),
+                Some(old) => {
+                    serde_json::to_value(serde_json::json!({ "replay": &new, "against": old }))
+                }
+            };
+            match doc.and_then(|d| serde_json::to_string_pretty(&d)) {
+                Ok(text) => out(&format!("{text}\n")),
+                Err(e) => {
+                    eprintln!("tollgate: cannot write the report: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
     }
     ExitCode::SUCCESS
 }

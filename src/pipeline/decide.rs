@@ -231,7 +231,7 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
     }
     if delay > 0 {
         cx.delayed_ms += delay;
-        tokio::time::sleep(Duration::from_millis(delay)).await;
+        engine.clock().sleep(Duration::from_millis(delay)).await;
     }
     Ok(())
 }

@@ -107,6 +107,19 @@ pub struct Pipeline {
     pub(crate) listeners: Box<[ListenerView]>,
 }
 
+/// What the limits decided for one replayed request
+/// ([`Pipeline::replay`]).
+pub struct Replayed {
+    /// The route matched, by its index in the config.
+    pub route: Option<usize>,
+    /// The answer: the logged status when it would have been forwarded.
+    pub status: StatusCode,
+    /// Every decision, by the limit's metrics index (`Metrics::limits`).
+    pub decisions: Vec<(usize, Outcome)>,
+    /// The keys refused (enforced or dry run), by limit.
+    pub rejected: Vec<(usize, Outcome, String)>,
+}
+
 /// A listener as the admin API shows it.
 pub struct ListenerView {
     pub bind: SocketAddr,
@@ -229,11 +242,7 @@ impl Pipeline {
             m.bypass(b as usize);
         }
         let authenticated = matches!(cx.identity, identity::Identity::User(_));
-        let index = |origin| match (origin, cx.route) {
-            (Origin::Zone(z), _) => Some(z),
-            (Origin::Route(i), Some(r)) => Some(self.limit_base[r.index] + i),
-            (Origin::Route(_), None) => None,
-        };
+        let index = |origin| self.limit_index(origin, cx.route);
         for &(origin, outcome) in &cx.counted {
             if let Some(limit) = index(origin) {
                 m.decision(limit, outcome, authenticated);
@@ -325,7 +334,7 @@ impl Pipeline {
             && req.headers().contains_key(EXPECT);
         // The body travels apart: one nobody forwards is discarded below.
         // The request is borrowed by the stages (see `Upstream::send`).
-        let served = self.serve(req, body, conn, &mut cx).await;
+        let served = self.serve(req, body, conn, &mut cx, None).await;
         let failed = matches!(served, Err(Stop::Failed(_)));
         let mut resp = match served {
             Ok(resp) => resp,
@@ -371,13 +380,76 @@ impl Pipeline {
         resp
     }
 
-    /// The inner handler: the stages in request order.
+    /// A logged request run through the stages on the pipeline's clock
+    /// (`tollgate replay`): what would have been forwarded is answered
+    /// with the status `logged` (a route limit that counts by status
+    /// charges by it) and nothing is sent anywhere. Counted in the
+    /// pipeline's metrics like a served request.
+    pub async fn replay(
+        &self,
+        req: &mut Request<()>,
+        conn: &ConnInfo,
+        logged: StatusCode,
+    ) -> Replayed {
+        let resolved = self.client_ip.resolve(&conn.client, req.headers());
+        let end = RequestEnd::new(
+            self.engine.clock(),
+            None,
+            conn.state.clone(),
+            self.metrics.clone(),
+            self.metrics.listener_index(&conn.listener),
+            false,
+        );
+        let mut cx = Ctx::new(resolved, end);
+        let served = self
+            .serve(req, &mut None, conn, &mut cx, Some(logged))
+            .await;
+        let status = match &served {
+            Ok(resp) => resp.status(),
+            Err(Stop::Limited(rejection)) => rejection.status,
+            Err(Stop::Failed(err)) => err.status(),
+        };
+        self.count(&cx);
+        cx.end.set_status(status);
+        let decisions = cx
+            .counted
+            .iter()
+            .filter_map(|&(origin, outcome)| Some((self.limit_index(origin, cx.route)?, outcome)))
+            .collect();
+        let rejected = cx
+            .rejected_keys
+            .iter()
+            .filter_map(|(origin, outcome, key)| {
+                Some((self.limit_index(*origin, cx.route)?, *outcome, key.clone()))
+            })
+            .collect();
+        Replayed {
+            route: cx.route.map(|r| r.index),
+            status,
+            decisions,
+            rejected,
+        }
+    }
+
+    /// The metrics index of a decision's limit (zones first, then each
+    /// route's limits).
+    fn limit_index(&self, origin: Origin, route: Option<&RouteConfig>) -> Option<usize> {
+        match (origin, route) {
+            (Origin::Zone(z), _) => Some(z),
+            (Origin::Route(i), Some(r)) => Some(self.limit_base[r.index] + i),
+            (Origin::Route(_), None) => None,
+        }
+    }
+
+    /// The inner handler: the stages in request order. `logged`: a
+    /// replay's answer in place of the upstream's.
     async fn serve<'p>(
         &'p self,
         req: &mut Request<()>,
         body: &mut Option<ClientBody>,
         conn: &ConnInfo,
         cx: &mut Ctx<'p>,
+        logged: Option<StatusCode>,
     ) -> Result<Reply, Stop> {
         self.check_headers(req.headers())?;
         normalize_path(req)?;
@@ -419,6 +491,11 @@ impl Pipeline {
         };
         let mut resp = match &route.action {
             RouteAction::Respond(r) => Box::new(response::respond(r, req.method())),
+            RouteAction::Forward(_) if logged.is_some() => {
+                let mut resp = Box::new(Response::new(ProxyBody::empty()));
+                *resp.status_mut() = logged.unwrap_or(StatusCode::OK);
+                resp
+            }
             RouteAction::Forward(i) => {
                 let upstream = &self.upstreams[*i];
                 cx.end.set_upstream(&upstream.name);

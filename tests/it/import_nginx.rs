@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::common::*;
 
 /// Every case and the exit code its import must give.
-const CASES: [(&str, i32); 10] = [
+const CASES: [(&str, i32); 11] = [
     ("api-tier", 0),
     ("multi-zone", 0),
     ("delay", 0),
@@ -20,6 +20,7 @@ const CASES: [(&str, i32); 10] = [
     ("tls", 0),
     ("upstreams", 0),
     ("phases", 0),
+    ("replay", 0),
     ("unsupported", 2),
 ];
 

@@ -9,7 +9,7 @@ use std::path::Path;
 /// Top to bottom. A module may name modules on lower floors only.
 const FLOORS: &[&[&str]] = &[
     &["server"],
-    &["admin", "listener"],
+    &["admin", "listener", "replay"],
     &["pipeline"],
     &["alerts", "import", "logging"],
     &["config"],

@@ -26,6 +26,7 @@ mod redis_proxy;
 mod redis_replicas;
 mod redis_store;
 mod reload;
+mod replay;
 mod request_order;
 mod streaming;
 mod tls;

@@ -640,3 +640,84 @@ async fn https_sites_decide_like_nginx() {
     )
     .await;
 }
+
+/// The log lines of a `tollgate replay --decisions` file: (logged status,
+/// the limit the replay refused it by, or `-`).
+fn decisions(path: &Path) -> Vec<(u16, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let cols: Vec<&str> = l.split('\t').collect();
+            (cols[1].parse().unwrap(), cols[3].to_owned())
+        })
+        .collect()
+}
+
+/// Replay tells nginx's truth: nginx's own access log (`combined`) of a
+/// trace, replayed through the config `import-nginx` made of its config,
+/// refuses exactly the requests nginx refused (429 from one zone, 503 from
+/// the other), and none to the `return` location.
+#[tokio::test]
+async fn replaying_nginx_access_log_gives_nginx_decisions() {
+    let echo = Upstream::spawn().await;
+    let (nginx, addr, _) = start("replay", echo.addr, None).await;
+    let trace = [
+        ("127.0.0.2", "/", 8),
+        ("127.0.0.3", "/api", 3),
+        ("127.0.0.2", "/login", 3),
+        ("127.0.0.2", "/health", 4),
+        ("127.0.0.4", "/login", 2),
+        ("127.0.0.3", "/", 4),
+        ("127.0.0.2", "/x", 2),
+    ];
+    let mut sent = Vec::new();
+    // One request at a time: the log's order is the order nginx decided in.
+    for (from, path, n) in trace {
+        for _ in 0..n {
+            sent.push(send(addr, &req(from, path, "app.test"), &None).await.status);
+        }
+    }
+    let log = nginx.dir.path().join("logs/access.log");
+    until(Duration::from_secs(5), "nginx's access log", || async {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == sent.len())
+    })
+    .await;
+    let out = nginx.dir.path().join("decisions.tsv");
+    let replay = Command::new(BIN)
+        .arg("replay")
+        .arg("--config")
+        .arg(nginx.dir.path().join("tollgate.yaml"))
+        .arg("--decisions")
+        .arg(&out)
+        .args(["--format", "json"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let got = decisions(&out);
+    assert_eq!(got.len(), sent.len(), "{report}");
+    let mut refused = 0;
+    for (i, ((logged, limit), status)) in got.iter().zip(&sent).enumerate() {
+        assert_eq!(logged, status, "line {}: the log's status", i + 1);
+        let nginx_refused = [429, 503].contains(status);
+        assert_eq!(
+            limit != "-",
+            nginx_refused,
+            "line {}: nginx answered {status}, the replay refused by {limit}",
+            i + 1
+        );
+        refused += usize::from(nginx_refused);
+    }
+    assert!(
+        refused >= 8,
+        "only {refused} refusals: the trace tests little"
+    );
+    assert_eq!(report["agreement"]["differ"], 0, "{report}");
+    assert_eq!(report["requests"], sent.len());
+}

@@ -1,0 +1,331 @@
+//! `tollgate replay`: what a config would have done to the traffic of
+//! access logs, decided by the running code itself.
+//!
+//! The logs' requests run in time order through a [`Pipeline`] built from
+//! the config on the memory store and a [`FrozenClock`] moved to each
+//! request's time: the same stages, the same limits, the same keys as in
+//! production, with nothing sent anywhere (a request that would have been
+//! forwarded is answered with the status the log holds, so a limit that
+//! counts by status charges by it) and no wait for a zone's delay.
+//!
+//! - `log`: nginx's `combined` format and tollgate's JSON access log.
+//! - `report`: per route and per limit, and how the replay's refusals
+//!   compare with the log's.
+//!
+//! Memory stays bounded whatever the logs' length: one pending line per
+//! log, the memory store's zones at their configured sizes, a fixed
+//! number of keys per limit for the most refused.
+
+mod log;
+mod report;
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, StatusCode};
+
+pub use report::{diff, Report};
+
+use crate::clock::FrozenClock;
+use crate::config::{Config, KeyKind};
+use crate::limiter::Engine;
+use crate::pipeline::client_ip::ClientIp;
+use crate::pipeline::conn::{ConnInfo, ConnState};
+use crate::pipeline::Pipeline;
+
+/// What to replay and how.
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    pub logs: Vec<PathBuf>,
+    /// The `Host` every request is given (no access log format here holds
+    /// one): routes that match a host match only with it.
+    pub host: Option<String>,
+    /// Where to write one line per request replayed: its place in the
+    /// log, the logged status, the replayed one, the limit that refused.
+    pub decisions: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{0}: {1}")]
+    Read(String, io::Error),
+    #[error("cannot write {0}: {1}")]
+    Write(String, io::Error),
+    #[error("cannot start: {0}")]
+    Start(String),
+}
+
+/// Replays `options.logs` through `config`; `config_name` names it in the
+/// report.
+pub fn replay(
+    mut config: Config,
+    config_name: &str,
+    options: &Options,
+) -> Result<Report, ReplayError> {
+    // Nothing leaves the replay: no alert webhook, no access log.
+    config.alerts.webhook = None;
+    config.log.access_log = false;
+    let unknown = unknown(&config, options);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| ReplayError::Start(e.to_string()))?;
+    runtime.block_on(async {
+        let mut logs = Merged::open(&options.logs)?;
+        let clock = match logs.first_ms() {
+            Some(ms) => FrozenClock::at_unix_ms(u64::try_from(ms).unwrap_or(0)),
+            None => FrozenClock::new(),
+        };
+        let engine = Engine::open(None, &config.store_zones, clock.clock())
+            .await
+            .map_err(ReplayError::Start)?;
+        let refusals = refusal_statuses(&config);
+        let listener: Arc<str> = config
+            .listeners
+            .first()
+            .map(|l| Arc::from(l.name.as_str()))
+            .unwrap_or_else(|| Arc::from("replay"));
+        let pipeline = Pipeline::new(&mut config, engine);
+        let state = Arc::new(ConnState::new(pipeline.metrics().listener_stats(0)));
+        let mut report = Report::new(config_name, options, &pipeline, unknown, refusals);
+        let mut decisions = match &options.decisions {
+            Some(path) => {
+                Some(BufWriter::new(File::create(path).map_err(|e| {
+                    ReplayError::Write(path.display().to_string(), e)
+                })?))
+            }
+            None => None,
+        };
+        let mut start: Option<i64> = None;
+        let mut now = 0i64;
+        while let Some(item) = logs.next() {
+            let (source, number, line) = match item? {
+                Item::Line(source, number, line) => (source, number, line),
+                Item::Malformed(source, number, why) => {
+                    report.malformed(&options.logs[source], number, why.to_string());
+                    continue;
+                }
+            };
+            let offset = line.at_ms - *start.get_or_insert(line.at_ms);
+            if offset > now {
+                clock.advance(Duration::from_millis((offset - now) as u64));
+                now = offset;
+            } else if offset < now {
+                report.out_of_order();
+            }
+            let mut builder = Request::builder()
+                .method(line.method.clone())
+                .uri(line.target.as_str());
+            // A request needs a host; routes that match one match only
+            // what --host gives.
+            let host = options.host.as_deref().unwrap_or("replay.invalid");
+            builder = builder.header(http::header::HOST, host);
+            let (Ok(mut req), Ok(logged)) = (builder.body(()), StatusCode::from_u16(line.status))
+            else {
+                report.malformed(
+                    &options.logs[source],
+                    number,
+                    "a target or status http refuses".into(),
+                );
+                continue;
+            };
+            let conn = ConnInfo {
+                listener: listener.clone(),
+                peer: SocketAddr::new(line.client, 0),
+                client: ClientIp::new(line.client),
+                tls: false,
+                state: state.clone(),
+            };
+            let replayed = pipeline.replay(&mut req, &conn, logged).await;
+            // The time it is replayed at: its own, or the latest before it.
+            let at = start.unwrap_or(line.at_ms) + now;
+            let refused_by = report.add(&line, at, &replayed);
+            if let Some(out) = decisions.as_mut() {
+                let path = options.logs[source].display();
+                writeln!(
+                    out,
+                    "{path}:{number}\t{}\t{}\t{}",
+                    line.status,
+                    replayed.status.as_u16(),
+                    refused_by.unwrap_or("-")
+                )
+                .map_err(|e| ReplayError::Write("the decisions file".into(), e))?;
+            }
+        }
+        if let Some(mut out) = decisions {
+            out.flush()
+                .map_err(|e| ReplayError::Write("the decisions file".into(), e))?;
+        }
+        Ok(report.finish())
+    })
+}
+
+/// The statuses a limit of `config` refuses with: 429, and the zones'.
+fn refusal_statuses(config: &Config) -> Vec<u16> {
+    let mut statuses: Vec<u16> = config.zones.iter().map(|z| z.status.as_u16()).collect();
+    statuses.push(429);
+    statuses.sort_unstable();
+    statuses.dedup();
+    statuses
+}
+
+/// What the config decides by that no access log holds, said once.
+fn unknown(config: &Config, options: &Options) -> Vec<String> {
+    let mut out = Vec::new();
+    let zone_keys = config.zones.iter().map(|z| (z.limit.name.clone(), &z.key));
+    let route_keys = config
+        .routes
+        .iter()
+        .flat_map(|r| r.limits.iter().map(|l| (l.limit.name.clone(), &l.key)));
+    let keys: Vec<_> = zone_keys.chain(route_keys).collect();
+    let named = |pick: &dyn Fn(&KeyKind) -> bool| -> Vec<String> {
+        keys.iter()
+            .filter(|(_, k)| pick(k))
+            .map(|(n, _)| n.to_string())
+            .collect()
+    };
+    let headers = named(&|k| matches!(k, KeyKind::Header(_)));
+    if !headers.is_empty() {
+        out.push(format!("request headers: no access log holds them, so limits keyed on a header ({}) count no request", headers.join(", ")));
+    }
+    let users = named(&|k| matches!(k, KeyKind::User));
+    let either = named(&|k| matches!(k, KeyKind::UserOrIp));
+    if !users.is_empty() || !either.is_empty() || config.identity.is_some() {
+        out.push(format!(
+            "identity: no access log holds the JWT or API key, so every request is replayed anonymous: user limits ({}) count none, user_or_ip limits ({}) count by IP",
+            or_none(&users),
+            or_none(&either)
+        ));
+    }
+    let hosts: Vec<String> = config
+        .routes
+        .iter()
+        .filter(|r| r.host.is_some())
+        .map(|r| r.name.to_string())
+        .collect();
+    if !hosts.is_empty() && options.host.is_none() {
+        out.push(format!("host: no access log format here holds it, so routes that match a host ({}) match nothing; --host gives every request one", hosts.join(", ")));
+    }
+    if config.zones.iter().any(|z| z.max_conn.is_some()) {
+        out.push("concurrency: a log does not say which requests overlapped, so max_conn never refuses in a replay".into());
+    }
+    if !config.bypass.token_hashes.is_empty() || config.bypass.header.is_some() {
+        out.push(
+            "bypass tokens: no access log holds them, so no request bypasses the limits by token"
+                .into(),
+        );
+    }
+    if config
+        .routes
+        .iter()
+        .any(|r| r.webhook.as_ref().is_some_and(|w| w.verify.is_some()))
+    {
+        out.push("webhook signatures: no access log holds the body or its signature, so requests to routes that verify them are refused as unsigned".into());
+    }
+    out
+}
+
+fn or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// What the merged logs give next.
+enum Item {
+    /// (log index, line number, the request).
+    Line(usize, u64, log::Line),
+    Malformed(usize, u64, log::LineError),
+}
+
+/// The logs read together in time order: each is read a line at a time,
+/// its next request held until it is the earliest of all.
+struct Merged {
+    readers: Vec<(BufReader<File>, u64, String)>,
+    /// (time, log, line number) of each log's next request, earliest on top.
+    heap: BinaryHeap<std::cmp::Reverse<(i64, usize, u64)>>,
+    next: Vec<Option<log::Line>>,
+    problems: std::collections::VecDeque<Item>,
+    buf: Vec<u8>,
+}
+
+impl Merged {
+    fn open(paths: &[PathBuf]) -> Result<Merged, ReplayError> {
+        let mut readers = Vec::new();
+        for path in paths {
+            let file = File::open(path).map_err(|e| read_error(path, e))?;
+            readers.push((
+                BufReader::with_capacity(256 << 10, file),
+                0,
+                path.display().to_string(),
+            ));
+        }
+        let mut merged = Merged {
+            next: vec![None; readers.len()],
+            readers,
+            heap: BinaryHeap::new(),
+            problems: Default::default(),
+            buf: Vec::new(),
+        };
+        for i in 0..merged.readers.len() {
+            merged.fill(i)?;
+        }
+        Ok(merged)
+    }
+
+    /// Reads log `i` up to its next request (noting malformed lines).
+    fn fill(&mut self, i: usize) -> Result<(), ReplayError> {
+        let (reader, number, name) = &mut self.readers[i];
+        loop {
+            self.buf.clear();
+            let n = reader
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|e| ReplayError::Read(name.clone(), e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            *number += 1;
+            let parsed = match std::str::from_utf8(&self.buf) {
+                Ok(text) => log::parse(text),
+                Err(_) => Err(log::LineError::Format),
+            };
+            match parsed {
+                Ok(None) => {}
+                Ok(Some(line)) => {
+                    self.heap.push(std::cmp::Reverse((line.at_ms, i, *number)));
+                    self.next[i] = Some(line);
+                    return Ok(());
+                }
+                Err(why) => self.problems.push_back(Item::Malformed(i, *number, why)),
+            }
+        }
+    }
+
+    /// The time of the earliest request of all.
+    fn first_ms(&self) -> Option<i64> {
+        self.heap.peek().map(|std::cmp::Reverse((ms, _, _))| *ms)
+    }
+
+    fn next(&mut self) -> Option<Result<Item, ReplayError>> {
+        if let Some(problem) = self.problems.pop_front() {
+            return Some(Ok(problem));
+        }
+        let std::cmp::Reverse((_, i, number)) = self.heap.pop()?;
+        let line = self.next[i].take()?;
+        if let Err(e) = self.fill(i) {
+            return Some(Err(e));
+        }
+        Some(Ok(Item::Line(i, number, line)))
+    }
+}
+
+fn read_error(path: &Path, e: io::Error) -> ReplayError {
+    ReplayError::Read(path.display().to_string(), e)
+}
