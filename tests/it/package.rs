@@ -247,9 +247,9 @@ fn the_dockerfile_copies_what_a_fresh_clone_builds_from() {
 /// machines: `docker info` fails) and several minutes, so it runs only when
 /// asked: `cargo test -- --ignored the_image` (scripts/test asks when
 /// `docker info` works).
-#[test]
+#[tokio::test]
 #[ignore = "needs a Docker engine: run with --ignored where `docker info` works"]
-fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
+async fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
     let engine = Command::new("docker").arg("info").output();
     assert!(
         engine.as_ref().is_ok_and(|o| o.status.success()),
@@ -312,20 +312,31 @@ fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
         "docker",
     ));
     let id = id.trim().to_owned();
-    let mut answer = String::new();
-    for _ in 0..50 {
-        if let Ok(out) = Command::new("curl")
-            .args(["-s", &format!("http://127.0.0.1:{port}/")])
-            .output()
-        {
-            answer = String::from_utf8_lossy(&out.stdout).into_owned();
-            if answer == "hello" {
-                break;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        // Docker's port proxy accepts before tollgate listens: ask until
+        // an answer comes back.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            if let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await {
+                let ask = b"GET / HTTP/1.1\r\nHost: image\r\nConnection: close\r\n\r\n";
+                let mut out = Vec::new();
+                if tcp.write_all(ask).await.is_ok() && tcp.read_to_end(&mut out).await.is_ok() {
+                    let text = String::from_utf8_lossy(&out).into_owned();
+                    if text.starts_with("HTTP/1.1") {
+                        break text;
+                    }
+                }
             }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    })
+    .await;
     let _ = Command::new("docker").args(["rm", "-f", &id]).output();
     let _ = Command::new("docker").args(["rmi", "-f", &tag]).output();
-    assert_eq!(answer, "hello");
+    let answer = answered.expect("the container answered within 20 s");
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
 }
