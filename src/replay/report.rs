@@ -388,67 +388,44 @@ pub fn diff(new: &Report, old: &Report) -> String {
         old.agreement.refused_in_replay,
         old.config
     );
-    let _ = writeln!(
-        t,
-        "
-{:<34} {:>9} {:>9} {:>9}",
-        "limit (tier route/name)", "refused", "was", "change"
-    );
-    let name = |l: &LimitReport| format!("{} {}/{}", l.tier, l.route, l.limit);
-    for l in &new.limits {
-        let was = old
-            .limits
+    let limits = |r: &Report| -> Vec<(String, u64)> {
+        r.limits
             .iter()
-            .find(|o| name(o) == name(l))
-            .map(|o| o.refused);
-        let (was_text, change) = match was {
-            Some(w) => (w.to_string(), format!("{:+}", l.refused as i64 - w as i64)),
-            None => ("-".into(), "new".into()),
-        };
-        let _ = writeln!(
-            t,
-            "{:<34} {:>9} {:>9} {:>9}",
-            name(l),
-            l.refused,
-            was_text,
-            change
-        );
-    }
-    for o in old
-        .limits
-        .iter()
-        .filter(|o| !new.limits.iter().any(|l| name(l) == name(o)))
-    {
-        let _ = writeln!(
-            t,
-            "{:<34} {:>9} {:>9} {:>9}",
-            name(o),
-            "-",
-            o.refused,
-            "removed"
-        );
-    }
-    let _ = writeln!(
-        t,
-        "
-{:<28} {:>9} {:>9} {:>9}",
-        "route", "refused", "was", "change"
-    );
-    for r in &new.routes {
-        let was = old
-            .routes
+            .map(|l| (format!("{} {}/{}", l.tier, l.route, l.limit), l.refused))
+            .collect()
+    };
+    let routes = |r: &Report| -> Vec<(String, u64)> {
+        r.routes
             .iter()
-            .find(|o| o.route == r.route)
-            .map(|o| o.refused);
-        let (was_text, change) = match was {
-            Some(w) => (w.to_string(), format!("{:+}", r.refused as i64 - w as i64)),
-            None => ("-".into(), "new".into()),
-        };
-        let _ = writeln!(
-            t,
-            "{:<28} {:>9} {:>9} {:>9}",
-            r.route, r.refused, was_text, change
-        );
-    }
+            .map(|r| (r.route.clone(), r.refused))
+            .collect()
+    };
+    changes(
+        &mut t,
+        "limit (tier route/name)",
+        &limits(new),
+        &limits(old),
+    );
+    changes(&mut t, "route", &routes(new), &routes(old));
     t
+}
+
+/// One table of refusals by name: now, before, and the change (`new`
+/// and `removed` for names only one side has).
+fn changes(t: &mut String, what: &str, new: &[(String, u64)], old: &[(String, u64)]) {
+    let _ = writeln!(
+        t,
+        "\n{what:<34} {:>9} {:>9} {:>9}",
+        "refused", "was", "change"
+    );
+    for (name, now) in new {
+        let (was, change) = match old.iter().find(|(o, _)| o == name) {
+            Some((_, w)) => (w.to_string(), format!("{:+}", *now as i64 - *w as i64)),
+            None => ("-".into(), "new".into()),
+        };
+        let _ = writeln!(t, "{name:<34} {now:>9} {was:>9} {change:>9}");
+    }
+    for (name, was) in old.iter().filter(|(o, _)| !new.iter().any(|(n, _)| n == o)) {
+        let _ = writeln!(t, "{name:<34} {:>9} {was:>9} {:>9}", "-", "removed");
+    }
 }

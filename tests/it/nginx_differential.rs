@@ -641,19 +641,6 @@ async fn https_sites_decide_like_nginx() {
     .await;
 }
 
-/// The log lines of a `tollgate replay --decisions` file: (logged status,
-/// the limit the replay refused it by, or `-`).
-fn decisions(path: &Path) -> Vec<(u16, String)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let cols: Vec<&str> = l.split('\t').collect();
-            (cols[1].parse().unwrap(), cols[3].to_owned())
-        })
-        .collect()
-}
-
 /// Replay tells nginx's truth: nginx's own access log (`combined`) of a
 /// trace, replayed through the config `import-nginx` made of its config,
 /// refuses exactly the requests nginx refused (429 from one zone, 503 from
@@ -700,7 +687,7 @@ async fn replaying_nginx_access_log_gives_nginx_decisions() {
         String::from_utf8_lossy(&replay.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
-    let got = decisions(&out);
+    let got = crate::common::process::replay_decisions(&out);
     assert_eq!(got.len(), sent.len(), "{report}");
     let mut refused = 0;
     for (i, ((logged, limit), status)) in got.iter().zip(&sent).enumerate() {

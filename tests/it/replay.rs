@@ -11,18 +11,6 @@ use std::time::Duration;
 use crate::common::process::{Running, BIN};
 use crate::common::*;
 
-/// `(logged status, refusing limit or "-")` per line of a decisions file.
-fn decisions(path: &std::path::Path) -> Vec<(u16, String)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let cols: Vec<&str> = l.split('\t').collect();
-            (cols[1].parse().unwrap(), cols[3].to_owned())
-        })
-        .collect()
-}
-
 fn replay(args: &[&str]) -> std::process::Output {
     Command::new(BIN).arg("replay").args(args).output().unwrap()
 }
@@ -100,7 +88,7 @@ routes:
         String::from_utf8_lossy(&done.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
-    let got = decisions(&out);
+    let got = crate::common::process::replay_decisions(&out);
     assert_eq!(got.len(), sent.len(), "{report}");
     let mut refused = 0;
     for (i, (event, (logged, limit))) in events.iter().zip(&got).enumerate() {

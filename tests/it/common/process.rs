@@ -143,3 +143,16 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+/// The lines of a `tollgate replay --decisions` file: (logged status, the
+/// limit the replay refused the request by, or `-`).
+pub fn replay_decisions(path: &std::path::Path) -> Vec<(u16, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let cols: Vec<&str> = l.split('\t').collect();
+            (cols[1].parse().unwrap(), cols[3].to_owned())
+        })
+        .collect()
+}
