@@ -90,6 +90,8 @@ pub enum ProxyError {
     ClientClosed,
     #[error("transfer codings other than chunked are not supported")]
     UnsupportedCoding,
+    #[error("gRPC needs HTTP/2; this request came over HTTP/1.x")]
+    GrpcNeedsHttp2,
     #[error("upstream \"{upstream}\" has no reachable target: {reason}")]
     UpstreamUnreachable { upstream: String, reason: String },
     #[error("upstream \"{upstream}\" failed: {reason}")]
@@ -121,6 +123,7 @@ impl ProxyError {
                 StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
             }
             ProxyError::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::GrpcNeedsHttp2 => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamBodyFailed(_) => StatusCode::BAD_GATEWAY,
@@ -133,7 +136,11 @@ impl ProxyError {
     pub fn is_client_error(&self) -> bool {
         // A coding tollgate does not implement is the client's choice: its
         // 501 is no reason for a warning a client could flood the log with.
-        self.status().is_client_error() || matches!(self, ProxyError::UnsupportedCoding)
+        self.status().is_client_error()
+            || matches!(
+                self,
+                ProxyError::UnsupportedCoding | ProxyError::GrpcNeedsHttp2
+            )
     }
 }
 
@@ -176,6 +183,7 @@ mod tests {
             (ProxyError::BodyTooLarge { limit: 8 }, 413),
             (ProxyError::BodyTimeout(60), 408),
             (ProxyError::UnsupportedCoding, 501),
+            (ProxyError::GrpcNeedsHttp2, 505),
             (ProxyError::ClientClosed, 499),
             (
                 ProxyError::UpstreamUnreachable {
@@ -202,7 +210,11 @@ mod tests {
         ];
         for (err, status) in cases {
             assert_eq!(err.status().as_u16(), status, "{err}");
-            let client = status < 500 || matches!(err, ProxyError::UnsupportedCoding);
+            let client = status < 500
+                || matches!(
+                    err,
+                    ProxyError::UnsupportedCoding | ProxyError::GrpcNeedsHttp2
+                );
             assert_eq!(err.is_client_error(), client, "{err}");
         }
     }

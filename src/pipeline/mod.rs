@@ -343,7 +343,19 @@ impl Pipeline {
                 tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
                 cx.end
                     .set_rate_limit(|| format!("rejected:{}", rejection.limit));
-                Box::new(response::rejected(&rejection, cx.route, &cx.applied))
+                let resp = response::rejected(&rejection, cx.route, &cx.applied);
+                if response::grpc::is_grpc(req.headers()) {
+                    let detail = rejection.detail();
+                    let refusal = response::grpc::Refusal {
+                        limit: &rejection.limit,
+                        detail: &detail,
+                        retry_after: rejection.retry_after,
+                    };
+                    let code = response::grpc::Code::ResourceExhausted;
+                    Box::new(response::grpc::answer(resp, code, &detail, Some(refusal)))
+                } else {
+                    Box::new(resp)
+                }
             }
             Err(Stop::Failed(err)) => {
                 if err.is_client_error() {
@@ -351,7 +363,16 @@ impl Pipeline {
                 } else {
                     tracing::warn!(client = %cx.client.client.ip, error = %err, "request failed");
                 }
-                Box::new(response::problem(&err))
+                let resp = response::problem(&err);
+                // Over HTTP/1.x a gRPC request gets a plain problem: the
+                // refusal is of gRPC itself.
+                let http2 = !matches!(err, ProxyError::GrpcNeedsHttp2);
+                if http2 && response::grpc::is_grpc(req.headers()) {
+                    let code = response::grpc::code(err.status());
+                    Box::new(response::grpc::answer(resp, code, &err.to_string(), None))
+                } else {
+                    Box::new(resp)
+                }
             }
         };
         if body.is_none() && failed {
@@ -452,6 +473,14 @@ impl Pipeline {
         logged: Option<StatusCode>,
     ) -> Result<Reply, Stop> {
         self.check_headers(req.headers())?;
+        // gRPC is HTTP/2 only (its trailers, its streams): one sent over
+        // HTTP/1.x is refused before it meets a limit or an upstream.
+        if req.method() == http::Method::POST
+            && req.version() < http::Version::HTTP_2
+            && response::grpc::is_grpc(req.headers())
+        {
+            Err(ProxyError::GrpcNeedsHttp2)?;
+        }
         normalize_path(req)?;
         host::resolve(req)?;
         let host = host::for_routing(req.headers());

@@ -11,6 +11,7 @@ mod conformance;
 mod contrib;
 mod forwarding;
 mod framing;
+mod grpc;
 mod h1_server;
 mod h2_abuse;
 mod import_nginx;

@@ -23,6 +23,8 @@ use super::body::{HeadLines, ProxyBody};
 use super::ctx::{Applied, Cause, Rejection};
 use crate::config::{write_policy_item, HeaderStyle, Respond, RouteConfig};
 use crate::error::ProxyError;
+
+pub(crate) mod grpc;
 use crate::limiter::{most_restrictive, secs, LimiterError};
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
