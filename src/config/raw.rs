@@ -351,6 +351,8 @@ pub struct RawMatch {
     pub host: Option<String>,
     pub path: Option<String>,
     pub path_prefix: Option<String>,
+    /// A gRPC service (`pkg.Service`) or method (`pkg.Service/Method`).
+    pub grpc: Option<String>,
     pub methods: Option<Vec<String>>,
     pub case_insensitive: Option<bool>,
 }

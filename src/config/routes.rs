@@ -26,18 +26,28 @@ pub(super) fn routes(
     for (i, (path, r)) in raw.into_iter().enumerate() {
         let extras = super::limits::route(&path, &r, zones, store_zones, store, c);
         let m = &r.matcher;
-        let path_match = match (&m.path, &m.path_prefix) {
-            (Some(p), None) => Some(PathMatch::Exact(p.clone())),
-            (None, Some(p)) => Some(PathMatch::Prefix(p.clone())),
-            (Some(_), Some(_)) => {
+        let path_match = match (&m.path, &m.path_prefix, &m.grpc) {
+            (Some(p), None, None) => Some(PathMatch::Exact(p.clone())),
+            (None, Some(p), None) => Some(PathMatch::Prefix(p.clone())),
+            (None, None, Some(g)) => match grpc_path(g) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    c.report(format!("{path}.match.grpc"), e);
+                    None
+                }
+            },
+            (None, None, None) => {
                 c.report(
                     format!("{path}.match"),
-                    "give either path or path_prefix, not both",
+                    "needs path (exact), path_prefix or grpc",
                 );
                 None
             }
-            (None, None) => {
-                c.report(format!("{path}.match"), "needs path (exact) or path_prefix");
+            _ => {
+                c.report(
+                    format!("{path}.match"),
+                    "give one of path, path_prefix and grpc",
+                );
                 None
             }
         };
@@ -81,6 +91,9 @@ pub(super) fn routes(
                 })
                 .collect::<Vec<_>>()
         });
+        // gRPC calls are POSTs: a grpc route takes only them, unless it
+        // names its methods.
+        let methods = methods.or_else(|| m.grpc.as_ref().map(|_| vec![Method::POST]));
         let action = match (&r.upstream, &r.respond) {
             (Some(name), None) => match upstreams.get(name) {
                 Some(&idx) => Some(RouteAction::Forward(idx)),
@@ -286,4 +299,28 @@ fn respond(c: &mut Checker, path: &str, r: &super::raw::RawRespond) -> Option<Re
         body,
         headers,
     })
+}
+
+/// The path a gRPC service (`pkg.Service`: every method, a prefix) or
+/// method (`pkg.Service/Method`: exactly) is called on.
+fn grpc_path(name: &str) -> Result<PathMatch, String> {
+    let bad = || {
+        format!(
+            "expected a gRPC service like \"shop.Cart\" or method like \"shop.Cart/Add\", got \"{name}\""
+        )
+    };
+    let word = |s: &str, dots: bool| {
+        !s.is_empty()
+            && !s.starts_with('.')
+            && !s.ends_with('.')
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || (dots && b == b'.'))
+    };
+    match name.split_once('/') {
+        None if word(name, true) => Ok(PathMatch::Prefix(format!("/{name}/"))),
+        Some((service, method)) if word(service, true) && word(method, false) => {
+            Ok(PathMatch::Exact(format!("/{service}/{method}")))
+        }
+        _ => Err(bad()),
+    }
 }

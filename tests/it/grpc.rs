@@ -102,10 +102,10 @@ async fn a_limit_refuses_a_grpc_call_with_resource_exhausted_and_retry_info() {
         "upstreams:
   gone: {{ targets: ['{dead}'], connect_timeout: 1s }}
 routes:
-  - match: {{ path_prefix: /shop.Cart/ }}
+  - match: {{ grpc: shop.Cart }}
     respond: {{ body: '' }}
     limits: [{{ name: per_client, algorithm: fixed_window, limit: 1, window: 1m, key: ip }}]
-  - match: {{ path_prefix: /shop.Gone/ }}
+  - match: {{ grpc: shop.Gone/Get }}
     upstream: gone
 "
     )))

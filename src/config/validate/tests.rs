@@ -82,7 +82,7 @@ log: { format: xml, level: 'tollgate=loud' }
         "upstreams.api.targets[1]: expected \"host:port\", got \"noport\"",
         "upstreams.api.host_header: expected \"preserve\", \"target\" or a host name",
         "routes[0].match.path: must start with \"/\", got \"api\"",
-        "routes[1].match: give either path or path_prefix, not both",
+        "routes[1].match: give one of path, path_prefix and grpc",
         "routes[2].match.methods[0]: expected an upper-case HTTP method like GET, got \"get\"",
         "routes[2]: give either upstream or respond, not both",
         "routes[3].match.host: expected a host name",
@@ -177,4 +177,42 @@ routes: [{ match: { path: / }, respond: {} }]
 "
     )
     .is_empty());
+}
+
+#[test]
+fn grpc_routes_match_a_service_or_a_method_and_post_only() {
+    let c = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+routes:
+  - { match: { grpc: shop.v1.Cart }, respond: {} }
+  - { match: { grpc: shop.v1.Cart/Add }, respond: {} }
+  - { match: { grpc: shop.Cart, methods: [GET, POST] }, respond: {} }
+",
+        &|_| None,
+    )
+    .unwrap();
+    // Routes are kept in precedence order: the exact method first.
+    let route = |p: PathMatch| c.routes.iter().find(|r| r.path == p).unwrap();
+    let service = route(PathMatch::Prefix("/shop.v1.Cart/".into()));
+    let method = route(PathMatch::Exact("/shop.v1.Cart/Add".into()));
+    assert_eq!(service.methods, Some(vec![http::Method::POST]));
+    assert_eq!(method.methods, Some(vec![http::Method::POST]));
+    let both = route(PathMatch::Prefix("/shop.Cart/".into()));
+    assert_eq!(both.methods.as_ref().map(Vec::len), Some(2));
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+routes:
+  - { match: { grpc: 'shop.Cart/Add/More' }, respond: {} }
+  - { match: { grpc: '.shop' }, respond: {} }
+  - { match: { grpc: shop.Cart, path: /x }, respond: {} }
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &[
+            "routes[0].match.grpc: expected a gRPC service like \"shop.Cart\" or method like \"shop.Cart/Add\", got \"shop.Cart/Add/More\"",
+            "routes[1].match.grpc: expected a gRPC service",
+            "routes[2].match: give one of path, path_prefix and grpc",
+        ],
+    );
 }
