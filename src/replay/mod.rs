@@ -101,8 +101,12 @@ pub fn replay(
             }
             None => None,
         };
-        let mut start: Option<i64> = None;
-        let mut now = 0i64;
+        let mut time = Virtual {
+            clock: &clock,
+            start: None,
+            now: 0,
+        };
+        let host = options.host.as_deref().unwrap_or("replay.invalid");
         while let Some(item) = logs.next() {
             let (source, number, line) = match item? {
                 Item::Line(source, number, line) => (source, number, line),
@@ -111,22 +115,11 @@ pub fn replay(
                     continue;
                 }
             };
-            let offset = line.at_ms - *start.get_or_insert(line.at_ms);
-            if offset > now {
-                clock.advance(Duration::from_millis((offset - now) as u64));
-                now = offset;
-            } else if offset < now {
+            let (at, in_order) = time.move_to(line.at_ms);
+            if !in_order {
                 report.out_of_order();
             }
-            let mut builder = Request::builder()
-                .method(line.method.clone())
-                .uri(line.target.as_str());
-            // A request needs a host; routes that match one match only
-            // what --host gives.
-            let host = options.host.as_deref().unwrap_or("replay.invalid");
-            builder = builder.header(http::header::HOST, host);
-            let (Ok(mut req), Ok(logged)) = (builder.body(()), StatusCode::from_u16(line.status))
-            else {
+            let Some((mut req, logged)) = request(&line, host) else {
                 report.malformed(
                     &options.logs[source],
                     number,
@@ -142,8 +135,6 @@ pub fn replay(
                 state: state.clone(),
             };
             let replayed = pipeline.replay(&mut req, &conn, logged).await;
-            // The time it is replayed at: its own, or the latest before it.
-            let at = start.unwrap_or(line.at_ms) + now;
             let refused_by = report.add(&line, at, &replayed);
             if let Some(out) = decisions.as_mut() {
                 let path = options.logs[source].display();
@@ -163,6 +154,44 @@ pub fn replay(
         }
         Ok(report.finish())
     })
+}
+
+/// The replay's clock, moved to each request's time; it never goes back.
+struct Virtual<'c> {
+    clock: &'c FrozenClock,
+    /// The first request's time (ms since the epoch), where it started.
+    start: Option<i64>,
+    /// Milliseconds it has been moved since.
+    now: i64,
+}
+
+impl Virtual<'_> {
+    /// Moves to `at_ms` (or stays, for a request logged before the one
+    /// before it); the time the request is replayed at, and whether it
+    /// came in order.
+    fn move_to(&mut self, at_ms: i64) -> (i64, bool) {
+        let start = *self.start.get_or_insert(at_ms);
+        let offset = at_ms - start;
+        if offset > self.now {
+            self.clock
+                .advance(Duration::from_millis((offset - self.now) as u64));
+            self.now = offset;
+        }
+        (start + self.now, offset >= self.now)
+    }
+}
+
+/// A logged request as the pipeline takes it, with the status the log
+/// holds; `None` for a target or status `http` refuses. A request needs a
+/// host: routes that match one match only what `--host` gives.
+fn request(line: &log::Line, host: &str) -> Option<(Request<()>, StatusCode)> {
+    let req = Request::builder()
+        .method(line.method.clone())
+        .uri(line.target.as_str())
+        .header(http::header::HOST, host)
+        .body(())
+        .ok()?;
+    Some((req, StatusCode::from_u16(line.status).ok()?))
 }
 
 /// The statuses a limit of `config` refuses with: 429, and the zones'.
