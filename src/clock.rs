@@ -74,11 +74,7 @@ impl Clock {
 impl FrozenClock {
     /// Stopped at the current time.
     pub fn new() -> FrozenClock {
-        FrozenClock(Arc::new(Frozen {
-            at: Instant::now(),
-            unix_ms: unix_ms(),
-            advanced: AtomicU64::new(0),
-        }))
+        FrozenClock::at_unix_ms(unix_ms())
     }
 
     /// Stopped at `unix_ms` (milliseconds since the Unix epoch) on the

@@ -75,6 +75,14 @@ impl Sketch {
         (1, 0)
     }
 
+    /// The `n` keys counted most, most first (ties by key).
+    pub(crate) fn top(&self, n: usize) -> Vec<Offender> {
+        let mut top = self.entries.clone();
+        sort(&mut top);
+        top.truncate(n);
+        top
+    }
+
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.last = 0;
@@ -132,7 +140,7 @@ impl TopKeys {
             }
         }
         drop(w);
-        merged.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+        sort(&mut merged);
         merged.truncate(n);
         merged
     }
@@ -143,6 +151,11 @@ impl TopKeys {
         let w = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         w.current.entries.len() + w.previous.entries.len()
     }
+}
+
+/// Most counted first, ties by key.
+fn sort(offenders: &mut [Offender]) {
+    offenders.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
 }
 
 /// A key as an operator reads it: `ip:203.0.113.7` is `203.0.113.7`, an

@@ -316,17 +316,8 @@ impl Pipeline {
                 status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             })
         });
-        let mut cx = Ctx::new(
-            resolved,
-            RequestEnd::new(
-                self.engine.clock(),
-                record,
-                conn.state.clone(),
-                self.metrics.clone(),
-                self.metrics.listener_index(&conn.listener),
-                req.version() == http::Version::HTTP_2,
-            ),
-        );
+        let h2 = req.version() == http::Version::HTTP_2;
+        let mut cx = Ctx::new(resolved, self.end(record, conn, h2));
         let version = req.version();
         let expects_continue = body
             .as_ref()
@@ -413,15 +404,7 @@ impl Pipeline {
         logged: StatusCode,
     ) -> Replayed {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
-        let end = RequestEnd::new(
-            self.engine.clock(),
-            None,
-            conn.state.clone(),
-            self.metrics.clone(),
-            self.metrics.listener_index(&conn.listener),
-            false,
-        );
-        let mut cx = Ctx::new(resolved, end);
+        let mut cx = Ctx::new(resolved, self.end(None, conn, false));
         let served = self
             .serve(req, &mut None, conn, &mut cx, Some(logged))
             .await;
@@ -450,6 +433,19 @@ impl Pipeline {
             decisions,
             rejected,
         }
+    }
+
+    /// What settles a request when its response ends: the access log line
+    /// (`record`), the connection's in-flight count, the metrics.
+    fn end(&self, record: Option<Box<AccessRecord>>, conn: &ConnInfo, h2: bool) -> RequestEnd {
+        RequestEnd::new(
+            self.engine.clock(),
+            record,
+            conn.state.clone(),
+            self.metrics.clone(),
+            self.metrics.listener_index(&conn.listener),
+            h2,
+        )
     }
 
     /// The metrics index of a decision's limit (zones first, then each
@@ -520,16 +516,20 @@ impl Pipeline {
         };
         let mut resp = match &route.action {
             RouteAction::Respond(r) => Box::new(response::respond(r, req.method())),
-            RouteAction::Forward(_) if logged.is_some() => {
-                let mut resp = Box::new(Response::new(ProxyBody::empty()));
-                *resp.status_mut() = logged.unwrap_or(StatusCode::OK);
-                resp
-            }
-            RouteAction::Forward(i) => {
-                let upstream = &self.upstreams[*i];
-                cx.end.set_upstream(&upstream.name);
-                proxy::forward(cx, req, body, conn, upstream, route, self.body_read_timeout).await?
-            }
+            RouteAction::Forward(i) => match logged {
+                // A replay: what was forwarded is answered as it was.
+                Some(status) => {
+                    let mut resp = Box::new(Response::new(ProxyBody::empty()));
+                    *resp.status_mut() = status;
+                    resp
+                }
+                None => {
+                    let upstream = &self.upstreams[*i];
+                    cx.end.set_upstream(&upstream.name);
+                    proxy::forward(cx, req, body, conn, upstream, route, self.body_read_timeout)
+                        .await?
+                }
+            },
         };
         if !cx.deferred.is_empty() {
             let status = resp.status().as_u16();

@@ -4,7 +4,6 @@
 //! with the log's; and the lines it could not read. Rendered as text or
 //! JSON, or as the difference between two configs on the same logs.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -14,14 +13,12 @@ use time::OffsetDateTime;
 
 use super::log::Line;
 use super::Options;
+use crate::metrics::top::Sketch;
 use crate::metrics::Outcome;
 use crate::pipeline::{Pipeline, Replayed};
 
 /// Malformed lines listed one by one; past them only counted.
 const LISTED: usize = 20;
-/// Keys kept per limit for the most refused (Space-Saving: every key with
-/// more than 1/KEPT of a limit's refusals is among them).
-const KEPT: usize = 64;
 /// Keys shown per limit.
 const SHOWN: usize = 10;
 
@@ -47,6 +44,8 @@ pub struct Report {
     pub limits: Vec<LimitReport>,
     #[serde(skip)]
     refusal_statuses: Vec<u16>,
+    #[serde(skip)]
+    first_ms: Option<i64>,
     #[serde(skip)]
     last_ms: i64,
 }
@@ -103,9 +102,10 @@ struct LimitState {
     in_second: u64,
     peak: u64,
     peak_ms: i64,
-    /// Space-Saving: at most `KEPT` keys, each count high by at most the
-    /// count of the key it replaced.
-    keys: HashMap<String, u64>,
+    /// The keys refused most: the top offenders' Space-Saving sketch
+    /// ([`crate::metrics::top::CAPACITY`] keys; every key with more than
+    /// 1/`CAPACITY` of the limit's refusals is among them).
+    keys: Sketch,
 }
 
 impl Report {
@@ -166,6 +166,7 @@ impl Report {
             routes,
             limits,
             refusal_statuses,
+            first_ms: None,
             last_ms: 0,
         }
     }
@@ -186,9 +187,7 @@ impl Report {
     /// of the limit that refused it, if one did.
     pub(super) fn add(&mut self, line: &Line, at: i64, replayed: &Replayed) -> Option<&str> {
         self.requests += 1;
-        if self.from.is_none() {
-            self.from = Some(rfc3339(at));
-        }
+        self.first_ms.get_or_insert(at);
         let route = replayed.route.unwrap_or(self.routes.len() - 1);
         let mut refused_by = None;
         for &(limit, outcome) in &replayed.decisions {
@@ -211,7 +210,6 @@ impl Report {
             }
         }
         for (limit, _, key) in &replayed.rejected {
-            // Space-Saving over the refused keys.
             if let Some(l) = self.limits.get_mut(*limit) {
                 l.state.key(key);
             }
@@ -232,23 +230,23 @@ impl Report {
     }
 
     pub(super) fn finish(mut self) -> Report {
-        if self.requests > 0 {
-            self.to = Some(rfc3339(self.last_ms));
-        }
+        self.from = self.first_ms.map(rfc3339);
+        self.to = self.first_ms.map(|_| rfc3339(self.last_ms));
         for l in &mut self.limits {
             let s = &mut l.state;
             l.first_refusal = s.first_ms.map(rfc3339);
             l.last_refusal = s.first_ms.map(|_| rfc3339(s.last_ms));
-            l.peak_refusals_per_second = s.peak_count();
+            l.peak_refusals_per_second = s.peak;
             l.peak_at = s.first_ms.map(|_| rfc3339(s.peak_ms));
-            let mut keys: Vec<KeyCount> = s
+            l.top_keys = s
                 .keys
-                .drain()
-                .map(|(key, refusals)| KeyCount { key, refusals })
+                .top(SHOWN)
+                .into_iter()
+                .map(|o| KeyCount {
+                    key: o.key,
+                    refusals: o.count,
+                })
                 .collect();
-            keys.sort_by(|a, b| b.refusals.cmp(&a.refusals).then(a.key.cmp(&b.key)));
-            keys.truncate(SHOWN);
-            l.top_keys = keys;
         }
         self.routes.retain(|r| r.route != "-" || r.requests > 0);
         self
@@ -344,27 +342,7 @@ impl LimitState {
     }
 
     fn key(&mut self, key: &str) {
-        if let Some(n) = self.keys.get_mut(key) {
-            *n += 1;
-            return;
-        }
-        let mut floor = 0;
-        if self.keys.len() >= KEPT {
-            let least = self
-                .keys
-                .iter()
-                .min_by_key(|(_, n)| **n)
-                .map(|(k, n)| (k.clone(), *n));
-            if let Some((k, n)) = least {
-                self.keys.remove(&k);
-                floor = n;
-            }
-        }
-        self.keys.insert(key.to_owned(), floor + 1);
-    }
-
-    fn peak_count(&self) -> u64 {
-        self.peak
+        self.keys.record(key);
     }
 }
 
