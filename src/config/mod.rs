@@ -140,9 +140,14 @@ impl Config {
             let targets: Vec<&str> = u.targets.iter().map(|t| t.authority.as_str()).collect();
             let _ = writeln!(
                 s,
-                "  {:<12} {}{}  connect {} / timeout {}",
+                "  {:<12} {}{}{}  connect {} / timeout {}",
                 u.name,
                 if u.tls.is_some() { "https " } else { "" },
+                match u.protocol {
+                    UpstreamProtocol::Http1 => "",
+                    UpstreamProtocol::H2 => "h2 ",
+                    UpstreamProtocol::Auto => "auto ",
+                },
                 targets.join(", "),
                 units::format_duration(u.connect_timeout),
                 units::format_duration(u.timeout),

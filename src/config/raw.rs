@@ -226,6 +226,9 @@ pub struct RawUpstream {
     pub max_idle_per_target: Option<Text>,
     pub cooldown: Option<Text>,
     pub host_header: Option<String>,
+    /// `http1` (default), `h2` or `auto`.
+    pub protocol: Option<String>,
+    pub max_streams_per_connection: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

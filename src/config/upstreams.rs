@@ -79,6 +79,19 @@ pub(super) fn upstreams(
                 }
             },
         };
+        let protocol = match u.protocol.as_deref() {
+            None | Some("http1") => UpstreamProtocol::Http1,
+            Some("h2") => UpstreamProtocol::H2,
+            Some("auto") => UpstreamProtocol::Auto,
+            Some(other) => {
+                c.report(
+                    format!("{path}.protocol"),
+                    format!("expected \"http1\", \"h2\" or \"auto\", got \"{other}\""),
+                );
+                UpstreamProtocol::Http1
+            }
+        };
+        let tls = tls.map(|t| with_alpn(t, protocol));
         let upstream = UpstreamConfig {
             name: name.clone(),
             targets,
@@ -111,11 +124,35 @@ pub(super) fn upstreams(
                 Duration::from_secs(10),
             ),
             host_header,
+            protocol,
+            max_streams: c.number(
+                &format!("{path}.max_streams_per_connection"),
+                &u.max_streams_per_connection,
+                100usize,
+                1,
+                10_000,
+            ),
         };
         index.insert(name.clone(), out.len());
         out.push(upstream);
     }
     (out, index)
+}
+
+/// The TLS settings offering the ALPN protocols `protocol` speaks
+/// (`http1` offers none, as before: any HTTPS server answers HTTP/1.1).
+fn with_alpn(tls: UpstreamTls, protocol: UpstreamProtocol) -> UpstreamTls {
+    let alpn: &[&[u8]] = match protocol {
+        UpstreamProtocol::Http1 => return tls,
+        UpstreamProtocol::H2 => &[b"h2"],
+        UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
+    };
+    let mut config = (*tls.config).clone();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    UpstreamTls {
+        config: std::sync::Arc::new(config),
+        server_name: tls.server_name,
+    }
 }
 
 /// A `Host` value: a name or address with an optional port.

@@ -105,6 +105,28 @@ impl Scrape {
             "Requests answered, by listener, route and status code.",
             requests,
         )?;
+        let mut grpc = Vec::new();
+        for (route, codes) in m.routes.iter().zip(m.grpc.iter()) {
+            for (code, n) in codes.iter().enumerate() {
+                let n = n.load(Ordering::Relaxed);
+                if n > 0 {
+                    let status = match code {
+                        17 => "other".to_owned(),
+                        code => code.to_string(),
+                    };
+                    grpc.push((
+                        vec![("route", route.to_string()), ("grpc_status", status)],
+                        n,
+                    ));
+                }
+            }
+        }
+        counter(
+            e,
+            "tollgate_grpc_calls",
+            "gRPC calls answered, by route and grpc-status (other: a value outside 0-16).",
+            grpc,
+        )?;
         histograms(
             e,
             "tollgate_request_duration_seconds",
@@ -345,6 +367,24 @@ impl Scrape {
             "tollgate_upstream_cooldowns",
             "Times a target was put in cool-down after a failed connect.",
             per_target(4),
+        )?;
+        let h2 = |pick: fn((usize, usize)) -> usize| {
+            upstreams.iter().filter_map(move |u| {
+                let n = pick(u.h2?) as i64;
+                Some((vec![("upstream", u.name.to_string())], n))
+            })
+        };
+        gauge(
+            e,
+            "tollgate_upstream_h2_connections",
+            "HTTP/2 connections open to an upstream (protocol h2 or auto), over all workers.",
+            h2(|(c, _)| c),
+        )?;
+        gauge(
+            e,
+            "tollgate_upstream_h2_streams",
+            "Requests running on an upstream's HTTP/2 connections.",
+            h2(|(_, s)| s),
         )?;
         histograms(
             e,

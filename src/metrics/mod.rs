@@ -67,6 +67,9 @@ pub struct UpstreamReport {
     pub targets: Vec<(Arc<str>, [u64; 5])>,
     /// Time to the response head.
     pub duration: HistogramSnapshot,
+    /// HTTP/2 connections open and streams running on them (`None`: the
+    /// upstream speaks HTTP/1.1 only).
+    pub h2: Option<(usize, usize)>,
 }
 
 /// Read at scrape time from the parts that own them.
@@ -93,6 +96,9 @@ pub trait Sources: Send + Sync {
 
 /// Status codes 100..=599 of one (listener, route).
 type Codes = [AtomicU64; CODES];
+/// gRPC's 17 status codes, then one for any other value.
+const GRPC_CODES: usize = 18;
+type GrpcCodes = [AtomicU64; GRPC_CODES];
 /// One limit's `[outcome][user type]`.
 type Cells = [AtomicU64; OUTCOMES.len() * USER_TYPES.len()];
 
@@ -129,6 +135,9 @@ pub struct Metrics {
     requests: Box<[Arc<Codes>]>,
     /// Per route (and `-`).
     durations: Box<[Arc<Histogram>]>,
+    /// Per route (and `-`): gRPC calls by `grpc-status` (0 to 16, then
+    /// any other value).
+    grpc: Box<[Arc<GrpcCodes>]>,
     limits: Box<[LimitLabel]>,
     /// Per limit.
     decisions: Box<[Arc<Cells>]>,
@@ -213,6 +222,14 @@ impl Metrics {
                 )
             })
             .collect();
+        let grpc = route_names
+            .iter()
+            .map(|r| {
+                series(r, previous.map(|p| (&p.routes[..], &p.grpc[..])), || {
+                    std::array::from_fn(|_| AtomicU64::new(0))
+                })
+            })
+            .collect();
         let decisions = limits
             .iter()
             .map(|l| {
@@ -252,6 +269,7 @@ impl Metrics {
             listener_stats,
             requests: requests.into(),
             durations,
+            grpc,
             routes: route_names.into(),
             decisions,
             top,
@@ -293,6 +311,13 @@ impl Metrics {
         }
         if let Some(h) = self.durations.get(route) {
             h.observe(took);
+        }
+    }
+
+    /// A gRPC call on `route` ended with `grpc-status` `status`.
+    pub fn grpc_call(&self, route: usize, status: u16) {
+        if let Some(c) = self.grpc.get(route) {
+            c[usize::from(status).min(GRPC_CODES - 1)].fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -23,9 +23,14 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use self::stream::poll_stream;
 use super::record::RequestEnd;
+use super::response::grpc;
 use super::upstream::h1::{BodyError, ResponseBody};
+use super::upstream::h2::Stream;
 use crate::http1::pump::PumpedBody;
+
+mod stream;
 
 /// A body's stall timer: how long it may make us wait between frames. It is
 /// armed only the first time the body is not ready (most small bodies never
@@ -258,6 +263,8 @@ impl Body for RequestBody {
 #[derive(Debug)]
 pub enum ResponseBodyError {
     Upstream(BodyError),
+    /// An HTTP/2 upstream's stream failed (reset, connection lost).
+    Stream(hyper::Error),
     IdleTimeout(Duration),
 }
 
@@ -265,6 +272,7 @@ impl fmt::Display for ResponseBodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResponseBodyError::Upstream(e) => write!(f, "upstream body failed: {e}"),
+            ResponseBodyError::Stream(e) => write!(f, "upstream stream failed: {e}"),
             ResponseBodyError::IdleTimeout(d) => {
                 write!(f, "upstream sent nothing for {}ms mid-body", d.as_millis())
             }
@@ -353,6 +361,20 @@ enum Kind {
         /// nginx `proxy_read_timeout`: the longest gap between frames.
         stall: Stall,
     },
+    /// An HTTP/2 upstream's body, trailers included. `None` once it ended
+    /// or was cut off (dropping it resets the upstream's stream).
+    Stream {
+        inner: Option<Incoming>,
+        stall: Stall,
+        /// Its place in its connection's stream count.
+        _stream: Stream,
+        /// A gRPC call's deadline (`grpc-timeout`), if it set one.
+        deadline: Option<Pin<Box<Sleep>>>,
+        /// A gRPC call: one the upstream does not end (its deadline
+        /// passes, the upstream goes quiet or fails) ends with trailers
+        /// that say why, as gRPC clients read it, rather than a reset.
+        grpc: bool,
+    },
     /// A `101`'s (empty) body: the request's end goes to the tunnel, which
     /// settles it (access log, metrics) when the tunnel closes.
     Tunnel {
@@ -394,6 +416,28 @@ impl ProxyBody {
         };
         ProxyBody {
             kind,
+            end: None,
+            lines: HeadLines::default(),
+        }
+    }
+
+    /// Streams an HTTP/2 upstream's body: `stream` is held until it is
+    /// done; a gRPC call (`grpc`) ends at `deadline` if it has one.
+    pub fn stream(
+        inner: Incoming,
+        stream: Stream,
+        idle_timeout: Duration,
+        grpc: bool,
+        deadline: Option<Instant>,
+    ) -> Self {
+        ProxyBody {
+            kind: Kind::Stream {
+                inner: Some(inner),
+                stall: Stall::new(idle_timeout),
+                _stream: stream,
+                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                grpc,
+            },
             end: None,
             lines: HeadLines::default(),
         }
@@ -470,10 +514,22 @@ impl Body for ProxyBody {
                 }
                 Poll::Pending => Poll::Pending,
             },
+            Kind::Stream {
+                inner,
+                stall,
+                deadline,
+                grpc,
+                ..
+            } => poll_stream(cx, inner, stall, deadline, *grpc),
         };
         if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
             if let Some(data) = frame.data_ref() {
                 end.add_bytes(data.len() as u64);
+            }
+        }
+        if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
+            if let Some(trailers) = frame.trailers_ref() {
+                end.set_grpc_status(grpc::status_of(trailers));
             }
         }
         if let (Poll::Ready(Some(Err(_))), Some(end)) = (&polled, this.end.as_mut()) {
@@ -487,6 +543,7 @@ impl Body for ProxyBody {
             Kind::Full { data } => data.is_none(),
             Kind::Tunnel { .. } => true,
             Kind::Upstream { inner, .. } => inner.is_end_stream(),
+            Kind::Stream { inner, .. } => inner.as_ref().is_none_or(Body::is_end_stream),
         }
     }
 
@@ -497,6 +554,9 @@ impl Body for ProxyBody {
             }
             Kind::Tunnel { .. } => SizeHint::with_exact(0),
             Kind::Upstream { inner, .. } => inner.size_hint(),
+            Kind::Stream { inner, .. } => inner
+                .as_ref()
+                .map_or(SizeHint::with_exact(0), Body::size_hint),
         }
     }
 }

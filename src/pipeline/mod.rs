@@ -343,6 +343,7 @@ impl Pipeline {
                         retry_after: rejection.retry_after,
                     };
                     let code = response::grpc::Code::ResourceExhausted;
+                    cx.end.set_grpc_status(Some(code as u16));
                     Box::new(response::grpc::answer(resp, code, &detail, Some(refusal)))
                 } else {
                     Box::new(resp)
@@ -360,6 +361,7 @@ impl Pipeline {
                 let http2 = !matches!(err, ProxyError::GrpcNeedsHttp2);
                 if http2 && response::grpc::is_grpc(req.headers()) {
                     let code = response::grpc::code(err.status());
+                    cx.end.set_grpc_status(Some(code as u16));
                     Box::new(response::grpc::answer(resp, code, &err.to_string(), None))
                 } else {
                     Box::new(resp)

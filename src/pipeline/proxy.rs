@@ -17,8 +17,9 @@ use super::client_ip;
 use super::conn::ConnInfo;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded};
-use super::upstream::h1::{Answer, Conn};
-use super::upstream::Upstream;
+use super::response;
+use super::upstream::h1::Conn;
+use super::upstream::{Answer, Call, Upstream};
 use super::webhook;
 use crate::config::{HostHeader, RouteConfig};
 use crate::error::ProxyError;
@@ -59,6 +60,15 @@ pub async fn forward(
         _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
+    let grpc = response::grpc::is_grpc(req.headers());
+    let call = Call {
+        trailers: grpc || asks_for_trailers(req.headers()),
+        timeout: grpc
+            .then(|| response::grpc::timeout(req.headers()))
+            .flatten(),
+    };
+    // A gRPC call's deadline runs from here, through the response body.
+    let deadline = call.timeout.map(|t| tokio::time::Instant::now() + t);
 
     let body = body.take();
     let client_host = req.headers().get(HOST).cloned();
@@ -140,7 +150,7 @@ pub async fn forward(
 
     let mut target = None;
     let sent = upstream
-        .send(req, body, host_set, &added, &mut target)
+        .send(req, body, host_set, (&added, call), &mut target)
         .await;
     cx.end.set_target(target);
     // The upstream's fields come stripped of hop-by-hop ones already.
@@ -148,6 +158,16 @@ pub async fn forward(
         Answer::Response(response, lines) => (response, lines),
         Answer::Upgrade(response, conn) => {
             return tunnel(response, conn, client_upgrade, upstream);
+        }
+        Answer::H2(mut response, stream) => {
+            forward::strip_hop_by_hop(response.headers_mut());
+            if grpc {
+                cx.end
+                    .set_grpc_status(response::grpc::status_of(response.headers()));
+            }
+            let (parts, body) = response.into_parts();
+            let body = ProxyBody::stream(body, stream, upstream.timeout, grpc, deadline);
+            return Ok(Box::new(Response::from_parts(parts, body)));
         }
     };
     let (parts, body) = response.into_parts();
@@ -212,6 +232,16 @@ fn tunnel(
         parts,
         ProxyBody::tunnel(end_to),
     )))
+}
+
+/// Whether `TE` lists `trailers`.
+fn asks_for_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
 }
 
 /// `/path?query` for the upstream request line.

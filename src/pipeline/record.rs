@@ -54,6 +54,9 @@ pub struct RequestEnd {
     listener: Option<usize>,
     route: usize,
     status: u16,
+    /// The call's `grpc-status`, once known (a gRPC call's trailers, or
+    /// tollgate's own gRPC answer).
+    grpc_status: Option<u16>,
     /// Per-key concurrency slots (`max_conn`), released with the request.
     pub slots: Vec<ConnSlot>,
 }
@@ -79,6 +82,7 @@ impl RequestEnd {
             metrics,
             listener,
             status: 499,
+            grpc_status: None,
             conn,
             slots: Vec::new(),
         }
@@ -88,6 +92,13 @@ impl RequestEnd {
         self.status = status.as_u16();
         if let Some(r) = self.record.as_mut() {
             r.status = status;
+        }
+    }
+
+    /// A gRPC call's status (`None`: none said yet; a later one wins).
+    pub fn set_grpc_status(&mut self, status: Option<u16>) {
+        if status.is_some() {
+            self.grpc_status = status;
         }
     }
 
@@ -157,6 +168,9 @@ impl Drop for RequestEnd {
             self.metrics
                 .request(listener, self.route, self.status, took);
         }
+        if let Some(status) = self.grpc_status {
+            self.metrics.grpc_call(self.route, status);
+        }
         let Some(r) = self.record.take() else { return };
         let ms = took.as_secs_f64() * 1000.0;
         tracing::info!(
@@ -166,6 +180,7 @@ impl Drop for RequestEnd {
             method = %r.method,
             path = %r.path,
             status = r.status.as_u16(),
+            grpc_status = self.grpc_status,
             route = r.route.as_deref().unwrap_or("-"),
             user = r.user.as_deref().unwrap_or("-"),
             rate_limit = r.rate_limit.as_deref().unwrap_or("-"),

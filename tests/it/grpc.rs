@@ -16,32 +16,32 @@ use crate::common::*;
 // The wire types, written here from the protobuf definitions, so the test
 // decodes what tollgate encoded without sharing its code.
 #[derive(Clone, PartialEq, prost::Message)]
-struct Status {
+pub(crate) struct Status {
     #[prost(int32, tag = "1")]
-    code: i32,
+    pub code: i32,
     #[prost(string, tag = "2")]
-    message: String,
+    pub message: String,
     #[prost(message, repeated, tag = "3")]
-    details: Vec<Any>,
+    pub details: Vec<Any>,
 }
 #[derive(Clone, PartialEq, prost::Message)]
-struct Any {
+pub(crate) struct Any {
     #[prost(string, tag = "1")]
-    type_url: String,
+    pub type_url: String,
     #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
+    pub value: Vec<u8>,
 }
 #[derive(Clone, PartialEq, prost::Message)]
-struct RetryInfo {
+pub(crate) struct RetryInfo {
     #[prost(message, optional, tag = "1")]
-    retry_delay: Option<Duration>,
+    pub retry_delay: Option<Duration>,
 }
 #[derive(Clone, PartialEq, prost::Message)]
-struct Duration {
+pub(crate) struct Duration {
     #[prost(int64, tag = "1")]
-    seconds: i64,
+    pub seconds: i64,
     #[prost(int32, tag = "2")]
-    nanos: i32,
+    pub nanos: i32,
 }
 #[derive(Clone, PartialEq, prost::Message)]
 struct QuotaFailure {

@@ -12,6 +12,7 @@ mod contrib;
 mod forwarding;
 mod framing;
 mod grpc;
+mod grpc_pass;
 mod h1_server;
 mod h2_abuse;
 mod import_nginx;

@@ -216,3 +216,42 @@ routes:
         ],
     );
 }
+
+#[test]
+fn an_upstream_speaks_http1_unless_it_says_h2_or_auto() {
+    let c = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  plain: { targets: ['127.0.0.1:1'] }
+  grpc: { targets: ['127.0.0.1:2'], protocol: h2, max_streams_per_connection: 8 }
+  either: { targets: ['127.0.0.1:3'], protocol: auto, tls: {} }
+",
+        &|_| None,
+    )
+    .unwrap();
+    let by = |name: &str| c.upstreams.iter().find(|u| u.name == name).unwrap();
+    assert_eq!(
+        (by("plain").protocol, by("plain").max_streams),
+        (UpstreamProtocol::Http1, 100)
+    );
+    assert_eq!(
+        (by("grpc").protocol, by("grpc").max_streams),
+        (UpstreamProtocol::H2, 8)
+    );
+    // Over TLS, `auto` offers both in ALPN, h2 first; `http1` offers none.
+    let alpn = &by("either").tls.as_ref().unwrap().config.alpn_protocols;
+    assert_eq!(alpn, &[b"h2".to_vec(), b"http/1.1".to_vec()]);
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  a: { targets: ['127.0.0.1:1'], protocol: h3, max_streams_per_connection: 0 }
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &[
+            "upstreams.a.protocol: expected \"http1\", \"h2\" or \"auto\", got \"h3\"",
+            "upstreams.a.max_streams_per_connection:",
+        ],
+    );
+}

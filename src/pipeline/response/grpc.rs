@@ -8,9 +8,11 @@
 //! (a `google.rpc.Status` holding a `RetryInfo` and a `QuotaFailure`). The
 //! rate-limit fields stay, as metadata.
 
+use std::time::Duration;
+
 use base64::Engine as _;
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 use prost::Message;
 
@@ -75,6 +77,34 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     })
 }
 
+/// The call's deadline from `grpc-timeout` (1 to 8 digits and a unit:
+/// `H`ours, `M`inutes, `S`econds, `m`illi-, `u` micro-, `n` nanoseconds);
+/// `None` when absent or malformed (the call then has the upstream's
+/// timeout alone).
+pub fn timeout(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The `grpc-status` in a response's fields or trailers, if any.
+pub fn status_of(headers: &HeaderMap) -> Option<u16> {
+    let v = headers.get("grpc-status")?;
+    std::str::from_utf8(v.as_bytes()).ok()?.parse().ok()
+}
+
 /// Why a limit refused, for the status details.
 pub struct Refusal<'a> {
     pub limit: &'a str,
@@ -124,6 +154,17 @@ pub fn answer(
     out.headers_mut().remove(CONTENT_TYPE);
     *out.status_mut() = StatusCode::OK;
     out
+}
+
+/// Trailers that end a call with `code` and `message`.
+pub fn trailers(code: Code, message: &str) -> HeaderMap {
+    let mut t = HeaderMap::with_capacity(2);
+    t.insert("grpc-status", HeaderValue::from(code as i32));
+    let encoded = percent_encoding::utf8_percent_encode(message, MESSAGE).to_string();
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        t.insert("grpc-message", v);
+    }
+    t
 }
 
 /// What `grpc-message` percent-encodes: gRPC's rule, everything but
@@ -246,6 +287,28 @@ mod tests {
             assert_eq!((got, got as i32), (want, number), "HTTP {status}");
         }
         assert_eq!(code(StatusCode::IM_A_TEAPOT), Code::Unknown);
+    }
+
+    #[test]
+    fn grpc_timeout_reads_every_unit_and_ignores_what_is_malformed() {
+        let at = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-timeout", http::HeaderValue::from_static(v));
+            timeout(&h)
+        };
+        assert_eq!(at("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(at("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(at("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(at("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(at("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(at("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "100", "123456789S", "1.5S", "-1S", "10s", "10x"] {
+            assert_eq!(at(bad), None, "{bad}");
+        }
+        assert_eq!(timeout(&HeaderMap::new()), None);
+        let t = trailers(Code::DeadlineExceeded, "100% gone");
+        assert_eq!(status_of(&t), Some(4));
+        assert_eq!(t["grpc-message"], "100%25 gone");
     }
 
     #[test]

@@ -13,27 +13,43 @@
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
 pub(crate) mod h1;
+pub(crate) mod h2;
 mod io;
 pub(crate) mod pool;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{HeaderName, HeaderValue, HOST};
-use http::{Method, Request};
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use self::h1::{Answer, Conn, Io, SendError};
+use self::h1::{Conn, Io, SendError};
+use self::h2::{H2Pool, SendFailure};
 use self::pool::Pool;
-use super::body::{RequestBody, RequestBodyError};
+use super::body::{HeadLines, RequestBody, RequestBodyError};
 use crate::clock::Clock;
-use crate::config::{HostHeader, UpstreamConfig};
+use crate::config::{HostHeader, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
 use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
 use crate::tls::SendOne;
+
+/// What an upstream answered.
+pub enum Answer {
+    /// A response whose body is read as the client takes it (or already
+    /// complete), and the fields to pass on ([`HeadLines`]).
+    Response(Response<h1::ResponseBody>, HeadLines),
+    /// `101 Switching Protocols`: the connection now belongs to the tunnel.
+    Upgrade(Response<()>, Conn),
+    /// An HTTP/2 response: its fields in the map, its body (trailers
+    /// included) streamed from the connection's stream, which `Stream`
+    /// holds open in the pool's count until the body is dropped.
+    H2(Response<Incoming>, h2::Stream),
+}
 
 /// A named pool of targets, built once from config.
 pub struct Upstream {
@@ -46,6 +62,7 @@ pub struct Upstream {
     pub timeout: Duration,
     cooldown: Duration,
     pub host_header: HostHeader,
+    protocol: UpstreamProtocol,
     tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
     /// Origin for the cool-down clock kept in atomics.
     clock: Clock,
@@ -67,11 +84,19 @@ struct TargetState {
     /// The target as a `Host` header value, for `host_header: target`.
     host_value: HeaderValue,
     pool: Arc<Pool>,
+    /// Its HTTP/2 connections (`protocol: h2` or `auto`).
+    h2: Option<H2Pool>,
+    /// `auto` over TLS: what the target chose when offered both (`ALPN_*`).
+    alpn: AtomicU8,
     /// Milliseconds since `epoch` until which this target is skipped.
     down_until_ms: AtomicU64,
     /// For metrics: responses, errors, timeouts, retries, cool-downs.
     stats: [AtomicU64; 5],
 }
+
+const ALPN_UNKNOWN: u8 = 0;
+const ALPN_H1: u8 = 1;
+const ALPN_H2: u8 = 2;
 
 const OK: usize = 0;
 const ERROR: usize = 1;
@@ -93,6 +118,10 @@ impl Upstream {
                 host_value: HeaderValue::from_str(&t.authority)
                     .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                 pool: Arc::new(Pool::new(cfg.max_idle_per_target, cfg.idle_timeout)),
+                h2: (cfg.protocol != UpstreamProtocol::Http1).then(|| {
+                    H2Pool::new(cfg.max_idle_per_target, cfg.max_streams, cfg.idle_timeout)
+                }),
+                alpn: AtomicU8::new(ALPN_UNKNOWN),
                 down_until_ms: AtomicU64::new(0),
                 stats: Default::default(),
             })
@@ -105,6 +134,7 @@ impl Upstream {
             timeout: cfg.timeout,
             cooldown: cfg.cooldown,
             host_header: cfg.host_header.clone(),
+            protocol: cfg.protocol,
             tls: cfg
                 .tls
                 .as_ref()
@@ -136,6 +166,7 @@ impl Upstream {
                 })
                 .collect(),
             duration: self.duration.snapshot(),
+            h2: (self.protocol != UpstreamProtocol::Http1).then(|| self.h2_counts()),
         }
     }
 
@@ -156,7 +187,7 @@ impl Upstream {
         head: &mut Request<()>,
         body: RequestBody,
         host_set: bool,
-        added: &[(HeaderName, HeaderValue)],
+        (added, call): (&[(HeaderName, HeaderValue)], Call),
         chosen: &mut Option<Arc<str>>,
     ) -> Result<Answer, ProxyError> {
         let bodiless = http_body::Body::is_end_stream(&body);
@@ -191,6 +222,19 @@ impl Upstream {
                     tried |= 1 << idx;
                 }
                 *chosen = Some(target.authority.clone());
+                if self.speaks_h2(target) {
+                    let sent = self.send_h2(target, head, &mut body, (added, call), sending);
+                    match sent.await {
+                        H2Sent::Done(answer) => return answer,
+                        H2Sent::Down(e) => {
+                            last_connect_error = Some(self.cool_down(target, e));
+                            continue;
+                        }
+                        // `auto`: the target chose HTTP/1.1, and its
+                        // connection waits in the pool below.
+                        H2Sent::Http1 => {}
+                    }
+                }
                 let mut pooled_first = true;
                 loop {
                     let idle = if pooled_first {
@@ -207,13 +251,7 @@ impl Upstream {
                                 c
                             }
                             Err(e) => {
-                                target.down_until_ms.store(
-                                    self.ms_at(self.clock.now()) + self.cooldown.as_millis() as u64,
-                                    Ordering::Relaxed,
-                                );
-                                target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
-                                last_connect_error = Some(format!("{}: {e}", target.authority));
+                                last_connect_error = Some(self.cool_down(target, e));
                                 break;
                             }
                         },
@@ -229,22 +267,16 @@ impl Upstream {
                         chunked,
                         head.method(),
                         (&target.pool, sending),
-                        self.timeout,
+                        call.head_timeout(self.timeout),
                     );
                     match exchange.await {
-                        Err(SendError::Timeout) => {
-                            target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
-                            return Err(ProxyError::UpstreamTimeout {
-                                upstream: self.name.to_string(),
-                                seconds: self.timeout.as_secs_f64(),
-                            });
-                        }
+                        Err(SendError::Timeout) => return Err(self.timed_out(target, call)),
                         Ok(answer) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
                             self.duration.observe(self.clock.now() - sending);
                             return Ok(answer);
                         }
-                        Err(SendError::Body(e)) => return Err(body_error(e)),
+                        Err(SendError::Body(e)) => return Err(body_error(&e)),
                         // A pooled connection the upstream closed under
                         // us: send again on a fresh one if nothing reached
                         // the upstream, or if the request is idempotent and
@@ -273,6 +305,152 @@ impl Upstream {
             upstream: self.name.to_string(),
             reason: last_connect_error.unwrap_or_else(|| "no target configured".to_owned()),
         })
+    }
+
+    /// Whether requests to `target` go over HTTP/2 (for `auto`, until the
+    /// target picks HTTP/1.1 in a TLS handshake).
+    fn speaks_h2(&self, target: &TargetState) -> bool {
+        match self.protocol {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::H2 => true,
+            UpstreamProtocol::Auto => {
+                self.tls.is_some() && target.alpn.load(Ordering::Relaxed) != ALPN_H1
+            }
+        }
+    }
+
+    /// Sends the request over HTTP/2: on a kept connection with room, else
+    /// on a new one. A request the kept connection never sent (it was
+    /// closing) goes once more on a new connection; nothing that may have
+    /// reached the upstream is sent twice.
+    async fn send_h2(
+        &self,
+        target: &TargetState,
+        head: &Request<()>,
+        body: &mut Option<RequestBody>,
+        (added, call): (&[(HeaderName, HeaderValue)], Call),
+        sending: Instant,
+    ) -> H2Sent {
+        let Some(pool) = target.h2.as_ref() else {
+            return H2Sent::Http1;
+        };
+        let until = tokio::time::Instant::now() + call.head_timeout(self.timeout);
+        let mut taken = pool.take(sending);
+        let mut retried = false;
+        let mut unsent = None;
+        loop {
+            let mut opening = None;
+            if taken.is_none() {
+                // One connection opened at a time per worker: the requests
+                // that queued behind it share it.
+                let guard = pool.opening().await;
+                if !retried {
+                    taken = pool.take(sending);
+                }
+                if taken.is_none() {
+                    opening = Some(guard);
+                }
+            }
+            let new = taken.is_none();
+            let (conn, stream) = match taken.take() {
+                Some(kept) => kept,
+                None => match self.connect(target).await {
+                    Err(e) => return H2Sent::Down(e),
+                    Ok(c) if self.protocol == UpstreamProtocol::Auto && !h2::negotiated(&c.io) => {
+                        target.alpn.store(ALPN_H1, Ordering::Relaxed);
+                        target.pool.put(c, sending);
+                        return H2Sent::Http1;
+                    }
+                    Ok(c) => {
+                        target.alpn.store(ALPN_H2, Ordering::Relaxed);
+                        let handshake =
+                            tokio::time::timeout(self.connect_timeout, h2::handshake(c.io));
+                        match handshake.await {
+                            Ok(Ok(send)) => {
+                                let kept = pool.put(send, sending);
+                                drop(opening);
+                                kept
+                            }
+                            Ok(Err(e)) => return H2Sent::Down(e),
+                            Err(_) => return H2Sent::Down("HTTP/2 handshake timed out".into()),
+                        }
+                    }
+                },
+            };
+            let req = match unsent.take() {
+                Some(req) => req,
+                None => {
+                    let body = body.take().unwrap_or_else(RequestBody::empty);
+                    let built = h2::request(
+                        head,
+                        added,
+                        self.tls.is_some(),
+                        &target.authority,
+                        call.trailers,
+                        body,
+                    );
+                    match built {
+                        Ok(req) => req,
+                        Err(e) => return H2Sent::Done(Err(ProxyError::BadRequest(e))),
+                    }
+                }
+            };
+            let failure = match h2::send(&conn, req, until).await {
+                Ok(response) => {
+                    target.stats[OK].fetch_add(1, Ordering::Relaxed);
+                    self.duration.observe(self.clock.now() - sending);
+                    return H2Sent::Done(Ok(Answer::H2(response, stream)));
+                }
+                Err(SendFailure::Unsent(req, e)) if !new && !retried => {
+                    tracing::debug!(upstream = %self.name, target = %target.authority, error = %e, "HTTP/2 connection closing; sending on a fresh one");
+                    target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
+                    unsent = Some(*req);
+                    retried = true;
+                    continue;
+                }
+                Err(SendFailure::Timeout) => {
+                    return H2Sent::Done(Err(self.timed_out(target, call)))
+                }
+                Err(SendFailure::Unsent(_, e) | SendFailure::Failed(e)) => e,
+            };
+            let cause = std::error::Error::source(&failure);
+            if let Some(e) = cause.and_then(|c| c.downcast_ref::<RequestBodyError>()) {
+                return H2Sent::Done(Err(body_error(e)));
+            }
+            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
+            return H2Sent::Done(Err(ProxyError::UpstreamFailed {
+                upstream: self.name.to_string(),
+                reason: format!("HTTP/2: {failure}"),
+            }));
+        }
+    }
+
+    /// Puts a target that refused a connection in cool-down: the reason,
+    /// for the answer if no target is left.
+    fn cool_down(&self, target: &TargetState, e: String) -> String {
+        target.down_until_ms.store(
+            self.ms_at(self.clock.now()) + self.cooldown.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
+        format!("{}: {e}", target.authority)
+    }
+
+    fn timed_out(&self, target: &TargetState, call: Call) -> ProxyError {
+        target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
+        ProxyError::UpstreamTimeout {
+            upstream: self.name.to_string(),
+            seconds: call.head_timeout(self.timeout).as_secs_f64(),
+        }
+    }
+
+    /// HTTP/2 connections and open streams to this upstream, for metrics.
+    fn h2_counts(&self) -> (usize, usize) {
+        self.targets
+            .iter()
+            .filter_map(|t| t.h2.as_ref().map(H2Pool::counts))
+            .fold((0, 0), |(c, s), (tc, ts)| (c + tc, s + ts))
     }
 
     async fn connect(&self, target: &TargetState) -> Result<Conn, String> {
@@ -325,15 +503,41 @@ impl Upstream {
     }
 }
 
+/// What one request asks of the upstream beyond its head.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Call {
+    /// The client asked for trailers (`TE: trailers`, as gRPC does):
+    /// asked of an HTTP/2 upstream in turn (HTTP/1.1 ones are not asked).
+    pub trailers: bool,
+    /// A deadline of the call's own (gRPC's `grpc-timeout`), when shorter
+    /// than the upstream's `timeout`.
+    pub timeout: Option<Duration>,
+}
+
+impl Call {
+    fn head_timeout(&self, upstream: Duration) -> Duration {
+        self.timeout.map_or(upstream, |t| t.min(upstream))
+    }
+}
+
+/// How an HTTP/2 attempt at one target ended.
+enum H2Sent {
+    Done(Result<Answer, ProxyError>),
+    /// It could not be reached (the target cools down).
+    Down(String),
+    /// `auto`: it speaks HTTP/1.1.
+    Http1,
+}
+
 /// A client body that failed on its way upstream, as the client's error.
-fn body_error(e: RequestBodyError) -> ProxyError {
+fn body_error(e: &RequestBodyError) -> ProxyError {
     match e {
-        RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit: *limit },
         RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
         // A body hyper could not parse is the client's fault (400); any
         // other failure is the client going away: it closed the
         // connection or reset its HTTP/2 stream (nginx's 499).
-        RequestBodyError::Client(e) if malformed(&*e) => {
+        RequestBodyError::Client(e) if malformed(&**e) => {
             ProxyError::BadRequest("the client's request body is malformed")
         }
         RequestBodyError::Client(_) => ProxyError::ClientClosed,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::h1::Conn;
 
 /// Idle stacks per pool; threads beyond this many share them.
-const SHARDS: usize = 16;
+pub(super) const SHARDS: usize = 16;
 
 pub struct Pool {
     shards: Box<[Mutex<Vec<Idle>>]>,
@@ -35,7 +35,7 @@ struct Idle {
 }
 
 /// This thread's shard, assigned on first use.
-fn shard() -> usize {
+pub(super) fn shard() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };

@@ -35,6 +35,7 @@ mod writer;
 
 pub use super::io::Io;
 use super::pool::Pool;
+use super::Answer;
 use crate::http1::body::{DecodeError, Framing};
 use crate::http1::response::{self, Field, HeadError, Parsed};
 use crate::pipeline::body::{HeadLines, RequestBody, RequestBodyError};
@@ -158,15 +159,6 @@ impl std::fmt::Display for SendError {
             SendError::Timeout => f.write_str("no response head in time"),
         }
     }
-}
-
-/// What an upstream answered.
-pub enum Answer {
-    /// A response whose body is read as the client takes it (or already
-    /// complete), and the fields to pass on ([`HeadLines`]).
-    Response(Response<ResponseBody>, HeadLines),
-    /// `101 Switching Protocols`: the connection now belongs to the tunnel.
-    Upgrade(Response<()>, Conn),
 }
 
 /// Sends the request (`head` already encoded, then `body`) on `conn` and
