@@ -209,7 +209,8 @@ tollgate_config() { # file port admin-port zone-rate limits(yes/no) store
         echo "admin: { bind: \"127.0.0.1:$3\" }"
         echo "log: { level: warn, access_log: false }"
         echo "zones: [{ name: per_ip, rate: $4, burst: 1000, nodelay: true, status: 429 }]"
-        echo "upstreams: { api: { targets: [\"127.0.0.1:$UP\"], max_idle_per_target: 256 } }"
+        # The upstream pool as configured by default (max_idle_per_target).
+        echo "upstreams: { api: { targets: [\"127.0.0.1:$UP\"] } }"
         echo "routes:"
         echo "  - match: { path_prefix: / }"
         echo "    upstream: api"

@@ -114,7 +114,7 @@ pub(super) fn upstreams(
             max_idle_per_target: c.number(
                 &format!("{path}.max_idle_per_target"),
                 &u.max_idle_per_target,
-                64usize,
+                1024usize,
                 0,
                 100_000,
             ),
