@@ -41,7 +41,11 @@
 #       prior knowledge, h2load on core 1 in wrk's place: one connection
 #       per client, one stream at a time, like wrk's keep-alive runs; each
 #       proxy speaks HTTP/1.1 to the upstream), the two interleaved;
-#       latency percentiles are taken from h2load's log of every request
+#       latency percentiles are taken from h2load's log of every request;
+#       and the same with HTTP/2 to the upstream too (`-h2up`: the upstream
+#       an nginx `http2` listener, nginx reaching it through `grpc_pass`,
+#       its only HTTP/2 client, tollgate with `protocol: h2`), each proxy
+#       keeping its upstream connections
 #
 # The proxy under test runs alone on core 0 (`taskset`); the upstream,
 # Redis and wrk share core 1. Each proxy is measured on
@@ -148,6 +152,8 @@ http {
     access_log off;
     server { listen 127.0.0.1:$UP; keepalive_requests 1000000;
              location / { return 200 "ok\n"; } }
+    server { listen 127.0.0.1:$((UP + 8)) http2; keepalive_requests 1000000;
+             location / { return 200 "ok\n"; } }
 }
 CONF
 # nginx, one worker: allow (a rate no run reaches) and reject (1 r/m, no
@@ -202,6 +208,16 @@ fi
 # takes the prior-knowledge preface), a worker of its own like TLS's.
 [ -n "$H2" ] && nginx_conf nginx-h2 "    server { listen 127.0.0.1:$((BASE_PORT + 4)) http2; keepalive_requests 1000000;
              $allow_location }"
+# ... and with HTTP/2 to the upstream as well: nginx's HTTP/2 client is
+# its gRPC proxy, which passes any HTTP/2 exchange.
+[ -n "$H2" ] && nginx_conf nginx-h2up "    upstream api_h2 { server 127.0.0.1:$((UP + 8)); keepalive 256; }
+    server { listen 127.0.0.1:$((BASE_PORT + 7)) http2; keepalive_requests 1000000;
+             location / { limit_req zone=allow burst=1000 nodelay;
+                          grpc_pass grpc://api_h2;
+                          grpc_set_header X-Forwarded-For \$remote_addr;
+                          grpc_set_header X-Real-IP \$remote_addr;
+                          grpc_set_header X-Forwarded-Proto \$scheme;
+                          grpc_set_header X-Forwarded-Host \$http_host; } }"
 # tollgate on one core (its runtime's workers share it).
 tollgate_config() { # file port admin-port zone-rate limits(yes/no) store
     {
@@ -238,6 +254,10 @@ fi
 # H2=1: the allow config on a process of its own (every plain listener
 # takes h2c), so that the peak RSS above stays that of HTTP/1.1 runs.
 [ -n "$H2" ] && tollgate_config "$work/h2.yaml" $((BASE_PORT + 17)) $((BASE_PORT + 57)) 100000000r/s no ""
+if [ -n "$H2" ]; then
+    tollgate_config "$work/h2up.yaml" $((BASE_PORT + 19)) $((BASE_PORT + 59)) 100000000r/s no ""
+    sed -i "s|127.0.0.1:$UP\"\]|127.0.0.1:$((UP + 8))\"], protocol: h2|" "$work/h2up.yaml"
+fi
 cat > "$work/churn.lua" <<'LUA'
 counter = 0
 request = function()
@@ -252,6 +272,7 @@ on_core1 "$NGINX" -c "$work/up.conf"
 on_core0 "$NGINX" -c "$work/nginx.conf"
 [ -n "$TLS" ] && on_core0 "$NGINX" -c "$work/nginx-tls.conf"
 [ -n "$H2" ] && on_core0 "$NGINX" -c "$work/nginx-h2.conf"
+[ -n "$H2" ] && on_core0 "$NGINX" -c "$work/nginx-h2up.conf"
 on_core1 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
 start_tollgate() { # binary config -> pid (taskset execs the binary)
@@ -269,6 +290,7 @@ if [ -n "$TLS" ]; then
 fi
 if [ -n "$H2" ]; then
     TG_H2=$(start_tollgate "$TOLLGATE" "$work/h2.yaml"); pids+=("$TG_H2")
+    TG_H2UP=$(start_tollgate "$TOLLGATE" "$work/h2up.yaml"); pids+=("$TG_H2UP")
 fi
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
@@ -285,7 +307,7 @@ if [ -n "$TLS" ]; then
     done
 fi
 if [ -n "$H2" ]; then
-    for port in $((BASE_PORT + 4)) $((BASE_PORT + 17)); do
+    for port in $((BASE_PORT + 4)) $((BASE_PORT + 17)) $((BASE_PORT + 7)) $((BASE_PORT + 19)); do
         curl -fsS --http2-prior-knowledge "http://127.0.0.1:$port/" >/dev/null ||
             { echo "load.sh: nothing answers over HTTP/2 on $port" >&2; cat "$work"/*.log "$work/nginx-h2.err" >&2; exit 1; }
     done
@@ -293,6 +315,7 @@ fi
 NGINX_PIDS="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
 [ -n "$TLS" ] && NGINX_TLS_PIDS="$(cat "$work/nginx-tls.pid") $(pgrep -P "$(cat "$work/nginx-tls.pid")" | tr '\n' ' ')"
 [ -n "$H2" ] && NGINX_H2_PIDS="$(cat "$work/nginx-h2.pid") $(pgrep -P "$(cat "$work/nginx-h2.pid")" | tr '\n' ' ')"
+[ -n "$H2" ] && NGINX_H2UP_PIDS="$(cat "$work/nginx-h2up.pid") $(pgrep -P "$(cat "$work/nginx-h2up.pid")" | tr '\n' ' ')"
 
 ticks() { # pids... -> "user system" ticks of them all
     local u=0 s=0 p a b
@@ -337,7 +360,7 @@ measure() { # name conns port pids... -> sets $line and $stolen
     local scheme=http
     [[ $name == *-tls ]] && scheme=https
     local -a load=(on_core1 wrk -t1 -c"$conns")
-    [[ $name == *-h2 ]] && load=(h2_load "$conns")
+    [[ $name == *-h2 || $name == *-h2up ]] && load=(h2_load "$conns")
     "${load[@]}" -d1s "${fields[@]}" "$scheme://127.0.0.1:$port/" >/dev/null # warm-up
     local u0 s0 u1 s1 out t0 t1 st0 st1 l0 l1
     read -r u0 s0 < <(ticks "$@")
@@ -447,6 +470,8 @@ plan=(
 [ -n "$H2" ] && plan+=(
     "nginx-allow-h2 $((BASE_PORT + 4)) $NGINX_H2_PIDS"
     "tollgate-allow-h2 $((BASE_PORT + 17)) $TG_H2"
+    "nginx-allow-h2up $((BASE_PORT + 7)) $NGINX_H2UP_PIDS"
+    "tollgate-allow-h2up $((BASE_PORT + 19)) $TG_H2UP"
 )
 for rep in $(seq "$REPS"); do
     order=$(seq 0 $((${#plan[@]} - 1)))
@@ -505,7 +530,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$BASELINE" ] && names="$names baseline-allow baseline-reject"
 [ -n "$HEADS" ] && names="$names nginx-allow-heads tollgate-allow-heads"
 [ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
-[ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2"
+[ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2 nginx-allow-h2up tollgate-allow-h2up"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -565,6 +590,10 @@ if [ -n "$H2" ]; then
     compare "HTTP/2: user CPU per request vs nginx" tollgate-allow-h2 nginx-allow-h2 8
     compare "HTTP/2: p99 vs nginx" tollgate-allow-h2 nginx-allow-h2 6
     compare "HTTP/2: throughput vs nginx" tollgate-allow-h2 nginx-allow-h2 4
+    compare "HTTP/2 both legs: CPU per request vs nginx" tollgate-allow-h2up nginx-allow-h2up 7
+    compare "HTTP/2 both legs: user CPU per request vs nginx" tollgate-allow-h2up nginx-allow-h2up 8
+    compare "HTTP/2 both legs: p99 vs nginx" tollgate-allow-h2up nginx-allow-h2up 6
+    compare "HTTP/2 both legs: throughput vs nginx" tollgate-allow-h2up nginx-allow-h2up 4
 fi
 if [ -n "$SIDE_BY_SIDE" ]; then
     compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7
@@ -602,7 +631,7 @@ rss_tg=$(hwm "$TG_ALLOW")
 echo "peak RSS (MiB): nginx limit_req $rss_ng, tollgate allow $rss_tg, reject $(hwm "$TG_REJECT"), two tiers $(hwm "$TG_TIERS"), redis $(hwm "$TG_REDIS")"
 awk -v n="$rss_ng" -v t="$rss_tg" 'BEGIN { printf "target: tollgate allow at most nginx + 5 MiB: %s\n", t + 0 <= n + 5 ? "met" : "missed" }'
 [ -n "$TLS" ] && echo "peak RSS over TLS (MiB): nginx $(hwm $NGINX_TLS_PIDS), tollgate $(hwm "$TG_TLS")"
-[ -n "$H2" ] && echo "peak RSS over HTTP/2 (MiB): nginx $(hwm $NGINX_H2_PIDS), tollgate $(hwm "$TG_H2")"
+[ -n "$H2" ] && echo "peak RSS over HTTP/2 (MiB): nginx $(hwm $NGINX_H2_PIDS), tollgate $(hwm "$TG_H2"); both legs: nginx $(hwm $NGINX_H2UP_PIDS), tollgate $(hwm "$TG_H2UP")"
 echo "resident now (MiB): nginx limit_req $(split $NGINX_PIDS); tollgate allow $(split "$TG_ALLOW"), reject $(split "$TG_REJECT")"
 # What an open connection costs while it waits for its next request (a
 # browser's or an API client's keep-alive connection): IDLE_CONNS of them
