@@ -683,3 +683,60 @@ impl Text for Got {
         String::from_utf8(self.body.to_vec()).unwrap()
     }
 }
+
+#[tokio::test]
+async fn a_slow_reader_holds_an_h2_upstream_back() {
+    // The upstream offers 64 MiB in 16 KiB frames; `taken` counts what
+    // its HTTP/2 server took from it to send.
+    const FRAME: usize = 16 << 10;
+    const TOTAL: usize = 64 << 20;
+    let taken = Arc::new(AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = taken.clone();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let service = hyper::service::service_fn(move |_: http::Request<Incoming>| {
+            let counter = counter.clone();
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                let frame = bytes::Bytes::from(vec![b'x'; FRAME]);
+                for _ in 0..TOTAL / FRAME {
+                    let data = http_body::Frame::data(frame.clone());
+                    if tx.send(Ok::<_, Infallible>(data)).await.is_err() {
+                        return;
+                    }
+                    counter.fetch_add(FRAME, Ordering::SeqCst);
+                }
+            });
+            let body = http_body_util::StreamBody::new(ReceiverStream::new(rx));
+            async move { Ok::<_, Infallible>(http::Response::new(body)) }
+        });
+        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(tcp), service)
+            .await;
+    });
+    let proxy = TestProxy::spawn(&forward_all(&format!("'{addr}'"), ", protocol: h2", "")).await;
+    let mut sender = h2(proxy.addr()).await;
+    let req = http::Request::get(format!("http://{}/big", proxy.addr()))
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("a response head");
+    assert_eq!(resp.status(), 200);
+    // The client reads nothing for a while: the windows on both legs fill
+    // and the upstream is held back, nothing piles up in tollgate.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let held = taken.load(Ordering::SeqCst);
+    assert!(
+        held < 8 << 20,
+        "{held} bytes left the upstream for a client that read nothing"
+    );
+    // Then it reads: all of it arrives.
+    let body = tokio::time::timeout(Duration::from_secs(60), async {
+        http_body_util::BodyExt::collect(resp.into_body()).await
+    })
+    .await
+    .expect("the body within a minute")
+    .expect("the whole body");
+    assert_eq!(body.to_bytes().len(), TOTAL);
+}
