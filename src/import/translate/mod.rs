@@ -250,6 +250,8 @@ struct Route {
 struct Upstream {
     targets: Vec<String>,
     tls: bool,
+    /// Reached by `grpc_pass`: HTTP/2.
+    h2: bool,
     keepalive: Option<String>,
     connect_timeout: Option<Text>,
     read_timeout: Option<Text>,

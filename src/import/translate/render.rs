@@ -195,6 +195,7 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
             connect_timeout: u.connect_timeout.clone(),
             timeout: u.read_timeout.clone(),
             max_idle_per_target: u.keepalive.as_ref().map(|k| Text(k.clone())),
+            protocol: u.h2.then(|| "h2".to_owned()),
             ..RawUpstream::default()
         };
         (String::new(), name.clone(), raw)

@@ -289,7 +289,7 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
             continue;
         }
         match (d.name.as_str(), &d.block) {
-            ("proxy_pass", None) => {
+            ("proxy_pass" | "grpc_pass", None) => {
                 let found = proxy_pass(d, out);
                 upstream_used = found.as_ref().map(|(_, u)| u.clone());
                 action = Some(found.map(|(a, _)| a));
@@ -335,25 +335,35 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
     }
 }
 
-/// The route action and the upstream's name.
+/// The route action and the upstream's name, for `proxy_pass` or
+/// `grpc_pass` (an upstream spoken to over HTTP/2: `protocol: h2`).
 fn proxy_pass(d: &Directive, out: &mut Out) -> Option<(Action, String)> {
     let url = d.args.first().cloned().unwrap_or_default();
+    let directive = d.name.as_str();
     if url.contains('$') {
         out.note(
             &d.at,
             Severity::Lost,
-            format!("proxy_pass {url}: variables are not translated"),
+            format!("{directive} {url}: variables are not translated"),
         );
         return None;
     }
-    let (tls, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+    let h2 = directive == "grpc_pass";
+    let schemes = if h2 {
+        ["grpc://", "grpcs://"]
+    } else {
+        ["http://", "https://"]
+    };
+    // `grpc_pass` may name an upstream without a scheme.
+    let (tls, rest) = match (url.strip_prefix(schemes[0]), url.strip_prefix(schemes[1])) {
         (Some(r), _) => (false, r),
         (_, Some(r)) => (true, r),
+        _ if h2 && !url.contains("://") => (false, url.as_str()),
         _ => {
             out.note(
                 &d.at,
                 Severity::Lost,
-                format!("proxy_pass {url} is not translated"),
+                format!("{directive} {url} is not translated"),
             );
             return None;
         }
@@ -365,12 +375,9 @@ fn proxy_pass(d: &Directive, out: &mut Out) -> Option<(Action, String)> {
     if !uri.is_empty() {
         out.note(&d.at, Severity::Lost, format!("proxy_pass {url} replaces the matched prefix with {uri}; tollgate forwards the path as it is"));
     }
-    if out.upstreams.contains_key(authority) {
-        if tls {
-            if let Some(u) = out.upstreams.get_mut(authority) {
-                u.tls = true;
-            }
-        }
+    if let Some(u) = out.upstreams.get_mut(authority) {
+        u.tls |= tls;
+        u.h2 |= h2;
         let name = authority.to_owned();
         return Some((Action::Upstream(name.clone()), name));
     }
@@ -391,5 +398,6 @@ fn proxy_pass(d: &Directive, out: &mut Out) -> Option<(Action, String)> {
         u.targets.push(target);
         u.tls = tls;
     }
+    u.h2 |= h2;
     Some((Action::Upstream(name.clone()), name))
 }
