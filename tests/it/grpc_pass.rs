@@ -272,6 +272,22 @@ async fn say(
     .await
 }
 
+/// A server-streaming call of `path` (its messages to read).
+async fn listen(
+    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    path: &'static str,
+) -> tonic::Streaming<Msg> {
+    grpc.ready().await.unwrap();
+    grpc.server_streaming(
+        tonic::Request::new(msg("", 0)),
+        method(path),
+        Codec::default(),
+    )
+    .await
+    .expect("the stream starts")
+    .into_inner()
+}
+
 async fn metrics(proxy: &TestProxy) -> String {
     let got = get(proxy.admin.unwrap(), "/metrics").await;
     String::from_utf8(got.body.to_vec()).unwrap()
@@ -472,15 +488,7 @@ async fn a_client_cancelling_a_stream_cancels_it_upstream() {
     let up = grpc_upstream().await;
     let proxy = proxy_to(&up, "", "").await;
     let mut grpc = client(&proxy).await;
-    let mut ticks = grpc
-        .server_streaming(
-            tonic::Request::new(msg("", 0)),
-            method("/test.Svc/Ticks"),
-            Codec::default(),
-        )
-        .await
-        .unwrap()
-        .into_inner();
+    let mut ticks = listen(&mut grpc, "/test.Svc/Ticks").await;
     for _ in 0..3 {
         ticks.message().await.unwrap().expect("a tick");
     }
@@ -535,15 +543,7 @@ async fn an_upstream_dying_mid_stream_ends_the_call_unavailable() {
     let up = grpc_upstream().await;
     let proxy = proxy_to(&up, "", "").await;
     let mut grpc = client(&proxy).await;
-    let mut stream = grpc
-        .server_streaming(
-            tonic::Request::new(msg("", 0)),
-            method("/test.Svc/Die"),
-            Codec::default(),
-        )
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = listen(&mut grpc, "/test.Svc/Die").await;
     assert_eq!(stream.message().await.unwrap().unwrap().text, "one");
     assert_eq!(stream.message().await.unwrap().unwrap().text, "two");
     let ended = tokio::time::timeout(Duration::from_secs(5), stream.message())
