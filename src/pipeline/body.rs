@@ -525,10 +525,7 @@ impl Body for ProxyBody {
         if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
             if let Some(data) = frame.data_ref() {
                 end.add_bytes(data.len() as u64);
-            }
-        }
-        if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
-            if let Some(trailers) = frame.trailers_ref() {
+            } else if let Some(trailers) = frame.trailers_ref() {
                 end.set_grpc_status(grpc::status_of(trailers));
             }
         }

@@ -60,12 +60,19 @@ pub async fn forward(
         _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
-    let grpc = response::grpc::is_grpc(req.headers());
-    let call = Call {
-        trailers: grpc || asks_for_trailers(req.headers()),
-        timeout: grpc
-            .then(|| response::grpc::timeout(req.headers()))
-            .flatten(),
+    // Trailers and gRPC deadlines travel only to an HTTP/2 upstream: a
+    // request to an HTTP/1.1 one looks up neither field.
+    let call = if upstream.may_speak_h2() {
+        let grpc = response::grpc::is_grpc(req.headers());
+        Call {
+            grpc,
+            trailers: grpc || asks_for_trailers(req.headers()),
+            timeout: grpc
+                .then(|| response::grpc::timeout(req.headers()))
+                .flatten(),
+        }
+    } else {
+        Call::default()
     };
     // A gRPC call's deadline runs from here, through the response body.
     let deadline = call.timeout.map(|t| tokio::time::Instant::now() + t);
@@ -161,12 +168,12 @@ pub async fn forward(
         }
         Answer::H2(mut response, stream) => {
             forward::strip_hop_by_hop(response.headers_mut());
-            if grpc {
+            if call.grpc {
                 cx.end
                     .set_grpc_status(response::grpc::status_of(response.headers()));
             }
             let (parts, body) = response.into_parts();
-            let body = ProxyBody::stream(body, stream, upstream.timeout, grpc, deadline);
+            let body = ProxyBody::stream(body, stream, upstream.timeout, call.grpc, deadline);
             return Ok(Box::new(Response::from_parts(parts, body)));
         }
     };

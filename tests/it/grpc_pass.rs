@@ -74,6 +74,18 @@ struct GrpcUpstream {
     seen: Arc<Seen>,
 }
 
+impl GrpcUpstream {
+    /// Waits (up to 5 s) for a call to be cancelled here.
+    async fn sees_the_cancel(&self) {
+        until(
+            Duration::from_secs(5),
+            "the upstream to see the cancel",
+            || async { self.seen.cancelled.load(Ordering::SeqCst) },
+        )
+        .await;
+    }
+}
+
 /// The test service on hyper's HTTP/2 server (h2c), tonic's codec doing
 /// the gRPC framing. Methods of `/test.Svc/`:
 /// - `Say` (unary): "hello <text>", and what it saw of `te` and
@@ -448,12 +460,7 @@ async fn a_call_past_its_deadline_is_deadline_exceeded_and_cancelled_upstream() 
         .expect("a response");
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["grpc-status"], "4", "{:?}", resp.headers());
-    until(
-        Duration::from_secs(5),
-        "the upstream to see the cancel",
-        || async { up.seen.cancelled.load(Ordering::SeqCst) },
-    )
-    .await;
+    up.sees_the_cancel().await;
 
     // Streaming: the deadline passes mid-stream, after some messages.
     up.seen.cancelled.store(false, Ordering::SeqCst);
@@ -475,12 +482,7 @@ async fn a_call_past_its_deadline_is_deadline_exceeded_and_cancelled_upstream() 
     };
     assert_eq!(ended.code(), Code::DeadlineExceeded, "{ended:?}");
     assert!(n >= 2, "some ticks came before the deadline: {n}");
-    until(
-        Duration::from_secs(5),
-        "the upstream to see the cancel",
-        || async { up.seen.cancelled.load(Ordering::SeqCst) },
-    )
-    .await;
+    up.sees_the_cancel().await;
 }
 
 #[tokio::test]
@@ -494,12 +496,7 @@ async fn a_client_cancelling_a_stream_cancels_it_upstream() {
     }
     assert!(!up.seen.cancelled.load(Ordering::SeqCst));
     drop(ticks);
-    until(
-        Duration::from_secs(5),
-        "the upstream to see the cancel",
-        || async { up.seen.cancelled.load(Ordering::SeqCst) },
-    )
-    .await;
+    up.sees_the_cancel().await;
 }
 
 #[tokio::test]

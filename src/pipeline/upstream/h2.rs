@@ -53,8 +53,7 @@ pub struct H2Pool {
 }
 
 /// One connection as the pool keeps it.
-#[derive(Clone)]
-pub struct Shared {
+struct Shared {
     send: SendRequest<RequestBody>,
     /// Streams open on it (requests whose answer is not done).
     streams: Arc<AtomicUsize>,
@@ -92,7 +91,7 @@ impl H2Pool {
     /// A kept connection with room for one more stream, if there is one
     /// (or the least busy, once the worker keeps all it may): its stream
     /// is counted from here.
-    pub fn take(&self, now: Instant) -> Option<(Shared, Stream)> {
+    pub fn take(&self, now: Instant) -> Option<(SendRequest<RequestBody>, Stream)> {
         let mut conns = self.lock();
         let idle_timeout = self.idle_timeout;
         conns.retain(|c| {
@@ -108,7 +107,7 @@ impl H2Pool {
         };
         let c = &mut conns[pick];
         c.used = now;
-        Some((c.clone(), open(&c.streams)))
+        Some((c.send.clone(), open(&c.streams)))
     }
 
     /// Waits for any connection this worker is opening: the caller opens
@@ -119,19 +118,22 @@ impl H2Pool {
 
     /// Keeps a new connection (if the worker has room) with its first
     /// stream counted.
-    pub fn put(&self, send: SendRequest<RequestBody>, now: Instant) -> (Shared, Stream) {
+    pub fn put(
+        &self,
+        send: SendRequest<RequestBody>,
+        now: Instant,
+    ) -> (SendRequest<RequestBody>, Stream) {
         let streams = Arc::new(AtomicUsize::new(0));
         let stream = open(&streams);
-        let shared = Shared {
-            send,
-            streams,
-            used: now,
-        };
         let mut conns = self.lock();
         if conns.len() < self.max_conns {
-            conns.push(shared.clone());
+            conns.push(Shared {
+                send: send.clone(),
+                streams,
+                used: now,
+            });
         }
-        (shared, stream)
+        (send, stream)
     }
 
     /// Connections and open streams, for metrics and tests.
@@ -228,13 +230,13 @@ pub enum SendFailure {
     Timeout,
 }
 
-/// Sends `req` on `conn` and waits up to `until` for the response head.
+/// Sends `req` on the connection `send` and waits up to `until` for the
+/// response head.
 pub async fn send(
-    conn: &Shared,
+    mut send: SendRequest<RequestBody>,
     req: Request<RequestBody>,
     until: tokio::time::Instant,
 ) -> Result<Response<Incoming>, SendFailure> {
-    let mut send = conn.send.clone();
     let exchange = async move {
         if let Err(e) = send.ready().await {
             return Err(SendFailure::Unsent(Box::new(req), e));

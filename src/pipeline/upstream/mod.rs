@@ -166,7 +166,7 @@ impl Upstream {
                 })
                 .collect(),
             duration: self.duration.snapshot(),
-            h2: (self.protocol != UpstreamProtocol::Http1).then(|| self.h2_counts()),
+            h2: self.may_speak_h2().then(|| self.h2_counts()),
         }
     }
 
@@ -307,6 +307,12 @@ impl Upstream {
         })
     }
 
+    /// Whether any request to this upstream may go over HTTP/2
+    /// (`protocol: h2`, or `auto`).
+    pub fn may_speak_h2(&self) -> bool {
+        self.protocol != UpstreamProtocol::Http1
+    }
+
     /// Whether requests to `target` go over HTTP/2 (for `auto`, until the
     /// target picks HTTP/1.1 in a TLS handshake).
     fn speaks_h2(&self, target: &TargetState) -> bool {
@@ -395,7 +401,7 @@ impl Upstream {
                     }
                 }
             };
-            let failure = match h2::send(&conn, req, until).await {
+            let failure = match h2::send(conn, req, until).await {
                 Ok(response) => {
                     target.stats[OK].fetch_add(1, Ordering::Relaxed);
                     self.duration.observe(self.clock.now() - sending);
@@ -506,6 +512,8 @@ impl Upstream {
 /// What one request asks of the upstream beyond its head.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Call {
+    /// The request is a gRPC call (`content-type: application/grpc...`).
+    pub grpc: bool,
     /// The client asked for trailers (`TE: trailers`, as gRPC does):
     /// asked of an HTTP/2 upstream in turn (HTTP/1.1 ones are not asked).
     pub trailers: bool,
