@@ -38,7 +38,7 @@ fn param(query: &str, name: &str) -> Option<String> {
         .map(|(_, v)| decode(&v.replace('+', " ")))
 }
 
-fn decode(s: &str) -> String {
+pub(super) fn decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
@@ -114,6 +114,11 @@ pub fn limits(p: &Pipeline) -> Reply {
                 Value::Null
             };
             o["last_minute"] = outcomes(&minute.decisions.get(i).copied().unwrap_or_default());
+            o["plans"] = plans_json(p, &v);
+            o["settle"] = match v.settle {
+                None => Value::Null,
+                Some(s) => json!(settle_source(s)),
+            };
             o
         })
         .collect();
@@ -125,6 +130,32 @@ pub fn limits(p: &Pipeline) -> Reply {
             "limits": limits,
         }),
     )
+}
+
+/// A limit's numbers per plan: `[{plan, quota, window_seconds}]`.
+fn plans_json(p: &Pipeline, v: &LimitView<'_>) -> Value {
+    let names = p.metrics().plan_counts();
+    v.plans
+        .iter()
+        .map(|(i, l)| {
+            let (quota, window_ms) = l.algorithm.policy();
+            json!({
+                "plan": names.get(*i).map(|(n, _)| n.to_string()),
+                "quota": quota,
+                "window_seconds": window_ms as f64 / 1000.0,
+            })
+        })
+        .collect()
+}
+
+/// Where a limit reads its settled cost: `header x-tokens`.
+pub(super) fn settle_source(s: &crate::config::Settle) -> String {
+    use crate::config::SettleFrom;
+    match &s.from {
+        SettleFrom::Header(h) => format!("header {h}"),
+        SettleFrom::Trailer(t) => format!("trailer {t}"),
+        SettleFrom::Event(path) => format!("event {}", path.join(".")),
+    }
 }
 
 fn key_kind(k: &crate::config::KeyKind) -> String {
@@ -367,7 +398,46 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
                 .into_iter()
                 .map(|o| json!({ "key": o.key, "rejections": o.count }))
                 .collect();
+            o["plans"] = plans_json(p, &v);
             o
+        })
+        .collect();
+    let plans: Vec<Value> = p
+        .metrics()
+        .plan_counts()
+        .into_iter()
+        .map(|(name, n)| json!({ "plan": &*name, "requests": n }))
+        .collect();
+    let costs: Vec<Value> = p
+        .metrics()
+        .costs()
+        .into_iter()
+        .map(|((limit, route, plan), n)| {
+            json!({
+                "limit": &*limit, "route": &*route, "plan": &*plan,
+                "reserved": n[0], "settled": n[1], "refunded": n[2], "extra": n[3],
+            })
+        })
+        .collect();
+    let now_ms = p.engine().clock().unix_ms();
+    let overrides: Vec<Value> = p
+        .engine()
+        .overrides()
+        .list(now_ms)
+        .into_iter()
+        .take(50)
+        .map(|(limit, key, o)| {
+            let quota = labelled(p)
+                .find(|(l, _)| l.name == limit)
+                .and_then(|(_, v)| o.numbers.apply(&v.limit.algorithm).ok())
+                .map(|a| a.policy());
+            json!({
+                "limit": &*limit,
+                "key": display(&key),
+                "quota": quota.map(|q| q.0),
+                "window_seconds": quota.map(|q| q.1 as f64 / 1000.0),
+                "expires_in_seconds": o.expires_ms.map(|e| e.saturating_sub(now_ms) / 1000),
+            })
         })
         .collect();
     let upstreams: Vec<Value> = p
@@ -442,6 +512,9 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
             "upstreams": upstreams,
             "listeners": listeners,
             "alerts": alerts,
+            "plans": plans,
+            "costs": costs,
+            "overrides": overrides,
         }),
     )
 }

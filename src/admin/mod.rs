@@ -20,6 +20,7 @@
 mod api;
 mod dashboard;
 pub(crate) mod keys;
+mod overrides;
 pub(crate) mod report;
 
 use std::net::SocketAddr;
@@ -215,13 +216,41 @@ async fn answer(
                 ),
             })
         }
-        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview") => {
+        (&Method::GET, "/api/overrides") => json(overrides::list(&pipeline).await),
+        (m, p) if p.starts_with("/api/overrides/") => {
+            let rest = &p["/api/overrides/".len()..];
+            json(match *m {
+                Method::PUT => match body(req).await {
+                    Ok(body) => overrides::put(rest, &body, &pipeline, &caller).await,
+                    Err(reply) => reply,
+                },
+                Method::DELETE => overrides::delete(rest, &pipeline, &caller).await,
+                _ => problem(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "/api/overrides/<limit>/<key> takes PUT (set, JSON body) or DELETE",
+                ),
+            })
+        }
+        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview" | "/api/overrides") => {
             json(problem(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes GET")))
         }
         (_, "/api/reload") => json(problem(StatusCode::METHOD_NOT_ALLOWED, "/api/reload takes POST")),
         _ => json(problem(
             StatusCode::NOT_FOUND,
             format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /dashboard or /api/limits"),
+        )),
+    }
+}
+
+/// A request body of at most 64 KiB, or the reply to give instead.
+async fn body(req: Request<Incoming>) -> Result<Bytes, (StatusCode, serde_json::Value)> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(req.into_body(), 64 << 10);
+    match limited.collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!("the body could not be read (at most 64 KiB): {e}"),
         )),
     }
 }

@@ -16,6 +16,11 @@ pub struct LimitView<'a> {
     /// The policy as configured (`10r/s burst 20`, `5 per 1m (sliding_log)`).
     pub spec: String,
     pub dry_run: bool,
+    /// A route limit (not a zone); its route, and its numbers per plan.
+    pub route_limit: bool,
+    pub route: &'a str,
+    pub plans: Vec<(usize, &'a crate::limiter::Limit)>,
+    pub settle: Option<&'a crate::config::Settle>,
 }
 
 impl Pipeline {
@@ -37,6 +42,10 @@ impl Pipeline {
                 _ => z.rate_text.to_string(),
             },
             dry_run: z.dry_run,
+            route_limit: false,
+            route: "-",
+            plans: Vec::new(),
+            settle: None,
         });
         let routes = self.routes.iter().flat_map(|r| {
             r.limits.iter().map(|l| LimitView {
@@ -44,6 +53,15 @@ impl Pipeline {
                 key: &l.key,
                 spec: l.description.to_string(),
                 dry_run: l.dry_run,
+                route_limit: true,
+                route: &r.name,
+                plans: l
+                    .plans
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, p)| Some((i, p.as_ref()?)))
+                    .collect(),
+                settle: l.settle.as_ref(),
             })
         });
         zones.chain(routes).collect()

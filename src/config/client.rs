@@ -138,13 +138,43 @@ pub fn identity(raw: Option<&RawIdentity>, c: &mut Checker) -> Option<IdentityCo
                 }
             });
     let jwt = raw.jwt.as_ref().and_then(|j| jwt(j, c));
-    if raw.jwt.is_none() && raw.api_key.is_none() {
+    if raw.jwt.is_none() && raw.api_key.is_none() && raw.plans.is_none() {
         c.report("identity", "configure jwt, api_key, or both");
+    }
+    let plans = super::plans::plans(raw.plans.as_ref(), c);
+    let names = plans.as_ref().map_or(&[][..], |p| &p.names[..]);
+    let key_plans = match raw.api_key.as_ref().and_then(|k| k.metadata.as_ref()) {
+        Some(file) => super::plans::key_metadata(file, names, c),
+        None => Default::default(),
+    };
+    if let Some(r) = &raw.plans {
+        if r.claim.is_some() && raw.jwt.is_none() {
+            c.report(
+                "identity.plans.claim",
+                "needs identity.jwt: a claim is read from a verified token",
+            );
+        }
+        let metadata = raw.api_key.as_ref().is_some_and(|k| k.metadata.is_some());
+        if r.claim.is_none() && r.header.is_none() && !metadata {
+            c.report(
+                "identity.plans",
+                "say where a plan is read: claim (a verified JWT claim), header (from trusted proxies), or identity.api_key.metadata",
+            );
+        }
+    }
+    if !key_plans.is_empty() && plans.is_none() {
+        c.report(
+            "identity.api_key.metadata",
+            "needs identity.plans: list the plan names the file uses",
+        );
     }
     Some(IdentityConfig {
         jwt,
         api_key,
         on_invalid,
+        plans,
+        key_plans,
+        keep_claims: false,
     })
 }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+mod plans;
 mod upstream;
+pub use self::plans::*;
 pub use self::upstream::*;
 
 #[derive(Debug)]
@@ -377,6 +379,11 @@ pub struct IdentityConfig {
     pub api_key: Option<http::HeaderName>,
     /// What a presented but unverifiable credential means.
     pub on_invalid: OnInvalid,
+    pub plans: Option<PlansConfig>,
+    /// API-key metadata: per key hash (`identity::short_hash`), its plan.
+    pub key_plans: std::collections::HashMap<String, u8>,
+    /// Keep a verified token's claims for the limits that read a cost.
+    pub keep_claims: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,6 +444,8 @@ pub struct ZoneConfig {
     pub max_conn: Option<u32>,
     /// As written (`10r/s`), for messages.
     pub rate_text: Arc<str>,
+    /// Per plan (indexed like `identity.plans.names`): other numbers.
+    pub plans: Vec<Option<crate::limiter::Limit>>,
 }
 
 /// Tier 2: one named limit on a route.
@@ -444,12 +453,20 @@ pub struct ZoneConfig {
 pub struct RouteLimit {
     pub limit: crate::limiter::Limit,
     pub key: KeyKind,
+    /// The cost reserved: a fixed one, or the default of `cost_from`.
     pub cost: u64,
+    pub cost_from: Option<CostFrom>,
+    /// Per plan (indexed like `identity.plans.names`): other numbers.
+    pub plans: Vec<Option<crate::limiter::Limit>>,
+    pub settle: Option<Settle>,
     pub dry_run: bool,
     /// Charge only responses with these statuses (checked before, charged after).
     pub count_status: Option<Vec<u16>>,
     /// "5 requests per 60s", for the 429 detail.
     pub description: Arc<str>,
+    /// What its quota counts: `requests`, or `units` for a limit with
+    /// costs.
+    pub unit: &'static str,
 }
 
 /// Which rate-limit headers a route's responses carry.

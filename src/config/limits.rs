@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::client::parse_cidr;
 use super::compiled::*;
-use super::raw::{RawBypass, RawLimit, RawRoute, RawVerify, RawZone, Text};
+use super::raw::{RawBypass, RawLimit, RawRoute, RawZone, Text};
 use super::units::{format_duration, parse_duration};
 use super::KeyKind;
 use crate::limiter::memory::ZoneSpec;
@@ -41,6 +41,7 @@ fn limit(
 ) -> Limit {
     Limit {
         local: algorithm.divided(store.replicas),
+        replicas: store.replicas,
         on_error,
         ..Limit::new(name, algorithm, zone)
     }
@@ -78,6 +79,7 @@ pub fn zones(
     raw: &[(String, RawZone)],
     specs: &mut Vec<ZoneSpec>,
     store: &StoreConfig,
+    plans: &[std::sync::Arc<str>],
     c: &mut Checker,
 ) -> Vec<ZoneConfig> {
     let mut out: Vec<ZoneConfig> = Vec::new();
@@ -142,15 +144,24 @@ pub fn zones(
             route: None,
             size_bytes: c.size(&format!("{path}.size"), &z.size, DEFAULT_SIZE),
         });
+        let limit = limit(
+            &z.name,
+            algorithm,
+            zone_index,
+            super::store::on_error(&z.on_error, &format!("{path}.on_error"), store, c),
+            store,
+        );
+        let key = key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, c);
+        if z.plans.is_some() && !key.needs_identity() {
+            c.report(
+                format!("{path}.plans"),
+                "a zone keyed by ip, header or global counts every request before any credential is read, so it cannot know the plan: key it by user or user_or_ip",
+            );
+        }
         out.push(ZoneConfig {
-            limit: limit(
-                &z.name,
-                algorithm,
-                zone_index,
-                super::store::on_error(&z.on_error, &format!("{path}.on_error"), store, c),
-                store,
-            ),
-            key: key_kind(&z.key, &format!("{path}.key"), KeyKind::Ip, c),
+            plans: super::plans::limit_plans(path, z.plans.as_ref(), &limit, plans, c),
+            limit,
+            key,
             status,
             dry_run: z.dry_run.unwrap_or(false),
             max_conn,
@@ -215,14 +226,26 @@ pub struct RouteExtras {
     pub webhook: Option<WebhookConfig>,
 }
 
+/// What every route's limits are checked against: the zones, the store
+/// and the plan names.
+pub struct Shared<'a> {
+    pub zones: &'a [ZoneConfig],
+    pub store: &'a StoreConfig,
+    pub plans: &'a [std::sync::Arc<str>],
+}
+
 pub fn route(
     path: &str,
     r: &RawRoute,
-    zones: &[ZoneConfig],
+    shared: &Shared<'_>,
     specs: &mut Vec<ZoneSpec>,
-    store: &StoreConfig,
     c: &mut Checker,
 ) -> RouteExtras {
+    let Shared {
+        zones,
+        store,
+        plans,
+    } = *shared;
     let zone_index: HashMap<&str, usize> = zones
         .iter()
         .enumerate()
@@ -260,7 +283,7 @@ pub fn route(
             }
             // The route's name as the route stage gives it.
             let route = r.name.as_deref().unwrap_or(path);
-            if let Some(limit) = route_limit(&lpath, route, l, specs, store, c) {
+            if let Some(limit) = route_limit(&lpath, route, plans, l, specs, store, c) {
                 limits.push(limit);
             }
         }
@@ -302,7 +325,7 @@ pub fn route(
             }
         },
     };
-    let webhook = webhook(path, r, c);
+    let webhook = super::webhooks::webhook(path, r, c);
     RouteExtras {
         zones: route_zones,
         limits,
@@ -319,6 +342,7 @@ pub fn route(
 fn route_limit(
     path: &str,
     route: &str,
+    plans: &[std::sync::Arc<str>],
     l: &RawLimit,
     specs: &mut Vec<ZoneSpec>,
     store: &StoreConfig,
@@ -375,25 +399,18 @@ fn route_limit(
         let burst = count(&l.burst, &format!("{path}.burst"), amount, c);
         Some((amount, period, burst))
     };
-    let (algorithm, description) = match l.algorithm.as_str() {
+    let algorithm = match l.algorithm.as_str() {
         "fixed_window" | "sliding_window" | "sliding_log" => {
             let (limit, window_ms) = window(c)?;
-            let alg = match l.algorithm.as_str() {
+            match l.algorithm.as_str() {
                 "fixed_window" => Algorithm::FixedWindow { limit, window_ms },
                 "sliding_window" => Algorithm::SlidingWindow { limit, window_ms },
                 _ => Algorithm::SlidingLog { limit, window_ms },
-            };
-            (
-                alg,
-                format!(
-                    "{limit} requests per {}",
-                    format_duration(Duration::from_millis(window_ms))
-                ),
-            )
+            }
         }
         "token_bucket" | "gcra" => {
             let (amount, period_ms, burst) = bucket(c)?;
-            let alg = if l.algorithm == "gcra" {
+            if l.algorithm == "gcra" {
                 Algorithm::Gcra {
                     amount,
                     period_ms,
@@ -405,12 +422,7 @@ fn route_limit(
                     period_ms,
                     burst,
                 }
-            };
-            let per = format_duration(Duration::from_millis(period_ms));
-            (
-                alg,
-                format!("{amount} requests per {per}, bursts of {burst}"),
-            )
+            }
         }
         other => {
             c.report(
@@ -424,16 +436,16 @@ fn route_limit(
         c.report(path, e);
         return None;
     }
-    let cost = count(&l.cost, &format!("{path}.cost"), 1u64, c);
-    if cost == 0 || cost > algorithm.policy().0 {
-        c.report(
-            format!("{path}.cost"),
-            format!(
-                "must be from 1 to the limit ({}), got {cost}",
-                algorithm.policy().0
-            ),
-        );
-    }
+    let (cost, cost_from) =
+        super::plans::cost(&format!("{path}.cost"), &l.cost, algorithm.policy().0, c);
+    // A limit whose requests cost more than one counts units.
+    let unit = if cost != 1 || cost_from.is_some() || l.settle.is_some() {
+        "units"
+    } else {
+        "requests"
+    };
+    let description = describe(&algorithm, unit);
+    let settle = super::plans::settle(&format!("{path}.settle"), l, &algorithm, c);
     let count_status = l.count.as_ref().map(|c| c.status.clone());
     if let Some(statuses) = &count_status {
         if statuses.is_empty() || statuses.iter().any(|s| !(100..=599).contains(s)) {
@@ -449,91 +461,61 @@ fn route_limit(
         route: Some(route.into()),
         size_bytes: c.size(&format!("{path}.size"), &l.size, DEFAULT_SIZE),
     });
+    let limit = limit(
+        &l.name,
+        algorithm,
+        zone,
+        super::store::on_error(&l.on_error, &format!("{path}.on_error"), store, c),
+        store,
+    );
+    let plans = super::plans::limit_plans(path, l.plans.as_ref(), &limit, plans, c);
     Some(RouteLimit {
-        limit: limit(
-            &l.name,
-            algorithm,
-            zone,
-            super::store::on_error(&l.on_error, &format!("{path}.on_error"), store, c),
-            store,
-        ),
+        limit,
+        cost_from,
+        plans,
+        settle,
         key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, c),
         cost,
         dry_run: l.dry_run.unwrap_or(false),
         count_status,
         description: description.into(),
+        unit,
     })
 }
 
-fn webhook(path: &str, r: &RawRoute, c: &mut Checker) -> Option<WebhookConfig> {
-    if r.allow_sources.is_none() && r.verify.is_none() && r.only_allowed_sources.is_none() {
-        return None;
-    }
-    let allow_sources: Vec<_> = r
-        .allow_sources
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            parse_cidr(&s.0)
-                .map_err(|e| c.report(format!("{path}.allow_sources[{i}]"), e))
-                .ok()
-        })
-        .collect();
-    let only_allowed = r.only_allowed_sources.unwrap_or(false);
-    if only_allowed && r.allow_sources.is_none() {
-        c.report(
-            format!("{path}.only_allowed_sources"),
-            "needs allow_sources",
-        );
-    }
-    let verify = r
-        .verify
-        .as_ref()
-        .and_then(|v| verify(&format!("{path}.verify"), v, c));
-    Some(WebhookConfig {
-        allow_sources,
-        only_allowed,
-        verify,
-    })
-}
-
-fn verify(path: &str, v: &RawVerify, c: &mut Checker) -> Option<VerifyConfig> {
-    let (scheme, default_header) = match v.scheme.as_str() {
-        "github" => (VerifyScheme::Github, "x-hub-signature-256"),
-        "stripe" => (VerifyScheme::Stripe, "stripe-signature"),
-        "hmac-sha256" => (VerifyScheme::HmacSha256, "x-signature"),
-        other => {
-            c.report(
-                format!("{path}.scheme"),
-                format!("expected github, stripe or hmac-sha256, got \"{other}\""),
-            );
-            return None;
+/// What a route limit allows, for a 429's detail: "5 requests per 60s",
+/// "10 units per 1s, bursts of 20".
+pub fn describe(algorithm: &Algorithm, unit: &str) -> String {
+    match *algorithm {
+        Algorithm::FixedWindow { limit, window_ms }
+        | Algorithm::SlidingWindow { limit, window_ms }
+        | Algorithm::SlidingLog { limit, window_ms } => format!(
+            "{limit} {unit} per {}",
+            format_duration(Duration::from_millis(window_ms))
+        ),
+        Algorithm::TokenBucket {
+            amount,
+            period_ms,
+            burst,
         }
-    };
-    if v.secret.len() < 16 {
-        c.report(
-            format!("{path}.secret"),
+        | Algorithm::Gcra {
+            amount,
+            period_ms,
+            burst,
+        } => format!(
+            "{amount} {unit} per {}, bursts of {burst}",
+            format_duration(Duration::from_millis(period_ms))
+        ),
+        Algorithm::Leaky {
+            rate_milli, burst, ..
+        } => {
             format!(
-                "a signing secret needs at least 16 characters, this one has {}",
-                v.secret.len()
-            ),
-        );
+                "{}.{:03}r/s, burst {burst}",
+                rate_milli / 1000,
+                rate_milli % 1000
+            )
+        }
     }
-    let header = HeaderName::from_bytes(v.header.as_deref().unwrap_or(default_header).as_bytes())
-        .map_err(|_| c.report(format!("{path}.header"), "not a valid header name"))
-        .ok()?;
-    let tolerance = c.duration(
-        &format!("{path}.tolerance"),
-        &v.tolerance,
-        Duration::from_secs(300),
-    );
-    Some(VerifyConfig {
-        scheme,
-        secret: v.secret.as_bytes().to_vec(),
-        header,
-        tolerance,
-    })
 }
 
 #[cfg(test)]

@@ -11,12 +11,14 @@ pub(crate) mod client;
 pub(crate) mod compiled;
 pub(crate) mod limits;
 pub(crate) mod load;
+pub(crate) mod plans;
 pub(crate) mod raw;
 pub(crate) mod routes;
 pub(crate) mod store;
 pub(crate) mod units;
 pub(crate) mod upstreams;
 pub(crate) mod validate;
+pub(crate) mod webhooks;
 
 use std::path::Path;
 

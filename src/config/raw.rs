@@ -272,9 +272,11 @@ pub struct RawLimit {
     pub window: Option<Text>,
     pub rate: Option<Text>,
     pub burst: Option<Text>,
-    pub cost: Option<Text>,
+    pub cost: Option<RawCost>,
     pub dry_run: Option<bool>,
     pub count: Option<RawCount>,
+    pub plans: Option<std::collections::BTreeMap<String, RawPlanNumbers>>,
+    pub settle: Option<RawSettle>,
     pub size: Option<Text>,
     pub on_error: Option<String>,
 }
@@ -308,6 +310,7 @@ pub struct RawZone {
     pub dry_run: Option<bool>,
     pub max_conn: Option<Text>,
     pub on_error: Option<String>,
+    pub plans: Option<std::collections::BTreeMap<String, RawPlanNumbers>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -391,6 +394,7 @@ pub struct RawIdentity {
     pub jwt: Option<RawJwt>,
     pub api_key: Option<RawApiKey>,
     pub on_invalid: Option<String>,
+    pub plans: Option<RawPlans>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -412,6 +416,54 @@ pub struct RawJwt {
 #[serde(deny_unknown_fields)]
 pub struct RawApiKey {
     pub header: String,
+    /// A YAML file: per key digest (SHA-256, hex), `{ plan: <name> }`.
+    pub metadata: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlans {
+    pub names: Vec<String>,
+    pub claim: Option<String>,
+    pub header: Option<String>,
+    pub default: Option<String>,
+}
+
+/// A plan's numbers on a limit: any of its own, replaced.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlanNumbers {
+    pub limit: Option<Text>,
+    pub window: Option<Text>,
+    pub rate: Option<Text>,
+    pub burst: Option<Text>,
+}
+
+/// `cost: 5`, or where to read it from.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RawCost {
+    Fixed(Text),
+    From(RawCostFrom),
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFrom {
+    pub header: Option<String>,
+    pub claim: Option<String>,
+    pub default: Option<Text>,
+    pub max: Option<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSettle {
+    pub header: Option<String>,
+    pub trailer: Option<String>,
+    pub event: Option<String>,
+    pub on_failure: Option<String>,
+    pub max: Option<Text>,
 }
 
 #[cfg(test)]

@@ -18,13 +18,12 @@ pub(super) fn routes(
     raw: Vec<(String, RawRoute)>,
     upstreams: &HashMap<String, usize>,
     default_body: u64,
-    zones: &[ZoneConfig],
+    shared: &super::limits::Shared<'_>,
     store_zones: &mut Vec<crate::limiter::memory::ZoneSpec>,
-    store: &StoreConfig,
 ) -> Vec<RouteConfig> {
     let mut out: Vec<(RouteConfig, String)> = Vec::new();
     for (i, (path, r)) in raw.into_iter().enumerate() {
-        let extras = super::limits::route(&path, &r, zones, store_zones, store, c);
+        let extras = super::limits::route(&path, &r, shared, store_zones, c);
         let m = &r.matcher;
         let path_match = match (&m.path, &m.path_prefix, &m.grpc) {
             (Some(p), None, None) => Some(PathMatch::Exact(p.clone())),

@@ -24,7 +24,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     let (upstreams, index) = super::upstreams::upstreams(&mut c, &raw.upstreams);
     let log = log(&mut c, &raw);
     let client_ip = super::client::client_ip(raw.client_ip.as_ref(), &mut c);
-    let identity = super::client::identity(raw.identity.as_ref(), &mut c);
+    let mut identity = super::client::identity(raw.identity.as_ref(), &mut c);
     if client_ip.trusted_proxies.is_empty() {
         for (path, l) in &raw.listeners {
             if l.proxy_protocol == Some(true) {
@@ -37,17 +37,37 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     }
     let store = super::store::store(raw.store.as_ref(), &mut c);
     let mut store_zones = Vec::new();
-    let zones = super::limits::zones(&raw.zones, &mut store_zones, &store, &mut c);
+    let plan_names: Vec<std::sync::Arc<str>> = identity
+        .as_ref()
+        .and_then(|i| i.plans.as_ref())
+        .map(|p| p.names.clone())
+        .unwrap_or_default();
+    let zones = super::limits::zones(&raw.zones, &mut store_zones, &store, &plan_names, &mut c);
     let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c);
     let routes = super::routes::routes(
         &mut c,
         raw.routes,
         &index,
         server.max_body_bytes,
-        &zones,
+        &super::limits::Shared {
+            zones: &zones,
+            store: &store,
+            plans: &plan_names,
+        },
         &mut store_zones,
-        &store,
     );
+    let claims = routes
+        .iter()
+        .flat_map(|r| &r.limits)
+        .any(|l| l.cost_from.as_ref().is_some_and(|f| f.claim.is_some()));
+    match identity.as_mut() {
+        Some(i) => i.keep_claims = claims,
+        None if claims => c.report(
+            "routes",
+            "a limit reads its cost from a claim: configure identity.jwt",
+        ),
+        None => {}
+    }
 
     let alerts = super::alerts::alerts(raw.alerts.as_ref(), &zones, &routes, &mut c);
 

@@ -20,12 +20,14 @@
 mod buckets;
 mod leaky;
 mod rescale;
+mod settle;
 mod windows;
 
 #[cfg(test)]
 pub(crate) mod properties;
 
 pub use rescale::rescale;
+pub use settle::{settle, settles};
 
 use std::collections::VecDeque;
 
@@ -40,7 +42,7 @@ const EXACT: u128 = 1 << 53;
 /// (a kept entry and a fresh one decide the next request differently).
 const LEAKY_EXPIRE_MS: u64 = 60_000;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// `limit` per aligned window of `window_ms`.
     FixedWindow { limit: u64, window_ms: u64 },

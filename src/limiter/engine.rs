@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::memory::{Carry, MemoryStore, ZoneSpec};
+use super::overrides::{Override, Overrides};
 use super::redis::{RedisOptions, RedisStore};
 use super::{
     decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
@@ -26,6 +27,8 @@ pub struct Engine {
     redis: Option<RedisStore>,
     /// Kept across reloads.
     stats: Arc<Stats>,
+    /// Per-key overrides (kept across reloads; on Redis, a copy of Redis's).
+    overrides: Arc<Overrides>,
 }
 
 /// What the engine counts, for metrics and warnings.
@@ -39,6 +42,10 @@ struct Stats {
     fallbacks: [AtomicU64; 3],
     /// How long Redis took to decide (only with Redis: a clock read a call).
     durations: Histogram,
+    /// Settlements that could not reach Redis (their reservation stands).
+    unsettled: AtomicU64,
+    /// On a cluster: when the overrides were last read (ms).
+    overrides_read: AtomicU64,
 }
 
 impl Engine {
@@ -53,7 +60,10 @@ impl Engine {
                 calls: Default::default(),
                 fallbacks: Default::default(),
                 durations: Histogram::new(&CALL_BOUNDS),
+                unsettled: AtomicU64::new(0),
+                overrides_read: AtomicU64::new(0),
             }),
+            overrides: Arc::default(),
         }
     }
 
@@ -76,6 +86,7 @@ impl Engine {
             memory: self.memory.reloaded(zones, carry),
             redis: store,
             stats: self.stats.clone(),
+            overrides: self.overrides.clone(),
         })
     }
 
@@ -91,7 +102,92 @@ impl Engine {
             Some(options) => Some(connect(options, zones, &clock).await?),
             None => None,
         };
-        Ok(Engine::new(zones, store, clock))
+        let engine = Engine::new(zones, store, clock);
+        if engine.redis.is_some() {
+            // Not fatal: the first decision finds the version stale and
+            // reads them again.
+            let _ = engine.refresh_overrides().await;
+        }
+        Ok(engine)
+    }
+
+    /// The overrides this process applies.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// Reads the overrides from Redis again (nothing to do without it).
+    pub async fn refresh_overrides(&self) -> Result<(), LimiterError> {
+        if let Some(redis) = &self.redis {
+            let (version, table) = redis.load_overrides().await?;
+            self.overrides.replace(version, table);
+            self.stats
+                .overrides_read
+                .store(self.memory.now_ms(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Sets (`Some`) or deletes the override of `key` under the limit
+    /// named `limit`, in the store every replica reads; whether one was
+    /// there before.
+    pub async fn put_override(
+        &self,
+        limit: &str,
+        key: &str,
+        value: Option<Override>,
+    ) -> Result<bool, LimiterError> {
+        match &self.redis {
+            None => Ok(self.overrides.put(limit, key, value)),
+            Some(redis) => {
+                let had = redis.put_override(limit, key, value.as_ref()).await?;
+                self.refresh_overrides().await?;
+                Ok(had)
+            }
+        }
+    }
+
+    /// Settles reserved costs: per limit and key, `delta` units more than
+    /// reserved `age_ms` ago (fewer when negative), in the store that took
+    /// the reservation (`degraded`: this process's memory, as the failure
+    /// mode decided; a `fail_open` limit reserved nothing). A Redis that
+    /// fails is logged and counted, never retried: the reservation stands.
+    pub async fn settle(
+        &self,
+        items: &[(&Limit, &str, i64)],
+        age_ms: u64,
+        degraded: bool,
+    ) -> Result<(), LimiterError> {
+        match &self.redis {
+            Some(redis) if !degraded => {
+                let settled = redis.settle(items, age_ms).await;
+                if let Err(e) = &settled {
+                    self.stats.unsettled.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "rate-limit store: a reserved cost could not be settled; the reservation stands");
+                }
+                settled
+            }
+            Some(_) => {
+                for (limit, key, delta) in items {
+                    if limit.on_error == OnError::Local {
+                        let local = local_limit(limit);
+                        self.memory.settle(&local, key, age_ms, *delta);
+                    }
+                }
+                Ok(())
+            }
+            None => {
+                for (limit, key, delta) in items {
+                    self.memory.settle(limit, key, age_ms, *delta);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Settlements that could not reach Redis, for metrics.
+    pub fn unsettled(&self) -> u64 {
+        self.stats.unsettled.load(Ordering::Relaxed)
     }
 
     /// The clock its decisions read (and what else the request path times).
@@ -182,14 +278,11 @@ impl Engine {
             }
         }
         let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;
-        Ok(decide_in_groups(checks, |group, decisions| {
+        let mut outcome = decide_in_groups(checks, |group, decisions| {
             let scaled: Vec<Limit> = group
                 .iter()
                 .filter(|c| local(c))
-                .map(|c| Limit {
-                    algorithm: c.limit.local.clone(),
-                    ..c.limit.clone()
-                })
+                .map(|c| local_limit(c.limit))
                 .collect();
             let local_checks: Vec<Check<'_>> = group
                 .iter()
@@ -209,7 +302,9 @@ impl Engine {
                     decisions.push(open_decision(c));
                 }
             }
-        }))
+        });
+        outcome.degraded = true;
+        Ok(outcome)
     }
 
     fn warn_degraded(&self, now_ms: u64, err: &LimiterError) {
@@ -245,6 +340,19 @@ async fn connect(
     Ok(store)
 }
 
+/// `limit` as this process's memory decides it for `on_error: local`: its
+/// share of the numbers, a plan's kept against the limit's own share.
+fn local_limit(limit: &Limit) -> Limit {
+    Limit {
+        algorithm: limit.local.clone(),
+        base: limit
+            .base
+            .as_ref()
+            .map(|b| Arc::new([b[1].clone(), b[1].clone()])),
+        ..limit.clone()
+    }
+}
+
 /// `fail_open`: admitted, with the whole quota left but this request.
 fn open_decision(c: &Check<'_>) -> Decision {
     let (limit, window_ms) = c.limit.algorithm.policy();
@@ -258,12 +366,33 @@ fn open_decision(c: &Check<'_>) -> Decision {
     }
 }
 
+impl Engine {
+    /// On a cluster (where the script cannot check the overrides'
+    /// version): reads them again once a second.
+    async fn refresh_due(&self) {
+        let now = self.memory.now_ms();
+        let last = self.stats.overrides_read.load(Ordering::Relaxed);
+        if now >= last + 1000
+            && self
+                .stats
+                .overrides_read
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let _ = self.refresh_overrides().await;
+        }
+    }
+}
+
 impl Store for Engine {
     async fn decide<'a>(&'a self, checks: &'a [Check<'a>]) -> Result<Outcome, LimiterError> {
         let Some(redis) = &self.redis else {
             self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
             return Ok(self.memory.decide_at(checks, self.memory.now_ms()));
         };
+        if redis.is_cluster() {
+            self.refresh_due().await;
+        }
         let started = self.clock().now();
         let decided = redis.decide(checks).await;
         self.stats.durations.observe(self.clock().now() - started);
@@ -271,6 +400,15 @@ impl Store for Engine {
             Ok(outcome) => {
                 self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
+            }
+            Err(LimiterError::Stale) => {
+                // Another replica changed the overrides: read them, and
+                // let the caller choose its numbers again.
+                self.stats.calls[0].fetch_add(1, Ordering::Relaxed);
+                match self.refresh_overrides().await {
+                    Ok(()) => Err(LimiterError::Stale),
+                    Err(e) => self.fallback(checks, &e),
+                }
             }
             Err(e) => {
                 let result = usize::from(matches!(e, LimiterError::Timeout(_))) + 1;

@@ -23,13 +23,14 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use crate::clock::Clock;
 
 use super::algorithm::{Algorithm, State};
 use super::{Check, Decision, LimiterError, Outcome, Store};
+use numbers::{read, Numbers};
 
 /// How many cold keys each decision inspects for expiry (nginx: 1-2).
 const EXPIRE_PER_DECISION: usize = 2;
@@ -62,6 +63,9 @@ struct Zone {
     shards: Box<[Mutex<Shard>]>,
     /// The configured size, to tell a resize on reload.
     size_bytes: u64,
+    /// The numbers keys were written under other than the limit's own (a
+    /// plan's, an override's), by id; see [`Numbers`].
+    numbers: RwLock<Numbers>,
 }
 
 /// How a limit of a new config takes over a limit's state from the store
@@ -96,6 +100,10 @@ struct Shard {
     hand: u32,
     /// Slots this shard may hold.
     capacity: usize,
+    /// Per slot, the id of the numbers its state was written under (see
+    /// [`Numbers`]); empty while every state has the limit's own, and a
+    /// slot past its end has them.
+    variants: Vec<u16>,
     /// Heap bytes held by sliding logs, on top of the slots.
     log_bytes: usize,
     log_budget: usize,
@@ -259,6 +267,7 @@ impl MemoryStore {
             let g = pos(&order, z, s);
             let shard = &mut guards[g];
             let idx = shard.entry(hash);
+            self.zones[z].align(shard, idx, check.limit, now);
             decisions.push(shard.check(&check.limit.algorithm, idx, now, check.cost));
             slots.push((g, idx));
         }
@@ -270,7 +279,8 @@ impl MemoryStore {
             }
         }
         for (check, &(g, _)) in checks.iter().zip(&slots) {
-            guards[g].expire(&check.limit.algorithm, now);
+            let numbers = &self.zones[check.limit.zone].numbers;
+            guards[g].expire(check.limit.base_algorithm(), now, numbers);
         }
     }
 
@@ -310,11 +320,12 @@ impl MemoryStore {
         let zone = &self.zones[check.limit.zone];
         let mut shard = lock(&zone.shards[zone.shard_of(hash)]);
         let idx = shard.entry(hash);
+        zone.align(&mut shard, idx, check.limit, now);
         let decision = shard.check(&check.limit.algorithm, idx, now, check.cost);
         if decision.admitted() && !check.peek {
             shard.charge(&check.limit.algorithm, idx, now, check.cost);
         }
-        shard.expire(&check.limit.algorithm, now);
+        shard.expire(check.limit.base_algorithm(), now, &zone.numbers);
         decision
     }
 }
@@ -360,6 +371,7 @@ impl Zone {
                 .map(|_| Mutex::new(Shard::new(per, log_budget)))
                 .collect(),
             size_bytes: spec.size_bytes,
+            numbers: RwLock::default(),
         }
     }
 
@@ -368,7 +380,8 @@ impl Zone {
         for shard in self.shards.iter() {
             let mut g = lock(shard);
             for idx in 0..g.slots.len() as u32 {
-                if g.slots[idx as usize].tag != FREE {
+                // (a plan's state is rescaled from its own numbers when next used)
+                if g.slots[idx as usize].tag != FREE && g.variant(idx) == 0 {
                     g.with_state(idx, |s| *s = super::algorithm::rescale(new, old, s, now));
                 }
             }
@@ -379,19 +392,28 @@ impl Zone {
     /// since the clock hand last passed first, then the rest, while there
     /// is room.
     fn take_from(&self, old: &Zone, c: &Carry, now: u64) {
-        let mut keys: Vec<(u64, State)> = Vec::new();
+        let mut keys: Vec<(u64, State, u16)> = Vec::new();
         for shard in old.shards.iter() {
             let g = lock(shard);
-            keys.extend(g.slots.iter().filter(|s| s.tag != FREE).map(|s| {
-                (
-                    s.tag,
-                    super::algorithm::rescale(&c.new, &c.old, &s.state, now),
-                )
-            }));
+            keys.extend(
+                g.slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.tag != FREE)
+                    .map(|(i, s)| match g.variant(i as u32) {
+                        0 => (
+                            s.tag,
+                            super::algorithm::rescale(&c.new, &c.old, &s.state, now),
+                            0,
+                        ),
+                        id => (s.tag, s.state.clone(), id),
+                    }),
+            );
         }
+        *self.numbers.write().unwrap_or_else(|e| e.into_inner()) = read(&old.numbers).clone();
         // Recently used first (the REFERENCED bit is the top one).
-        keys.sort_by_key(|(tag, _)| std::cmp::Reverse(tag & REFERENCED));
-        for (tag, state) in keys {
+        keys.sort_by_key(|(tag, _, _)| std::cmp::Reverse(tag & REFERENCED));
+        for (tag, state, variant) in keys {
             let hash = tag & !REFERENCED;
             let mut g = lock(&self.shards[self.shard_of(hash)]);
             if g.map.len() >= g.capacity {
@@ -400,6 +422,7 @@ impl Zone {
             let idx = g.entry(hash);
             g.slots[idx as usize].tag |= tag & REFERENCED;
             g.with_state(idx, |s| *s = state);
+            g.set_variant(idx, variant);
         }
     }
 
@@ -422,6 +445,7 @@ impl Shard {
             slots: Vec::with_capacity(capacity),
             free: Vec::new(),
             hand: 0,
+            variants: Vec::new(),
             capacity,
             log_bytes: 0,
             log_budget,
@@ -516,13 +540,22 @@ impl Shard {
 
     /// Looks at the next two slots under the clock hand and forgets those
     /// whose state decides like a fresh key.
-    fn expire(&mut self, algorithm: &Algorithm, now: u64) {
+    fn expire(&mut self, algorithm: &Algorithm, now: u64, numbers: &RwLock<Numbers>) {
         let n = self.slots.len() as u32;
         for _ in 0..EXPIRE_PER_DECISION.min(n as usize) {
             let i = self.hand % n;
             self.hand = (i + 1) % n;
             let slot = &self.slots[i as usize];
-            if slot.tag != FREE && algorithm.is_idle(&slot.state, now) {
+            if slot.tag == FREE {
+                continue;
+            }
+            let idle = match self.variants.get(i as usize).copied().unwrap_or(0) {
+                0 => algorithm.is_idle(&slot.state, now),
+                id => read(numbers)
+                    .of(id)
+                    .is_none_or(|own| own.is_idle(&slot.state, now)),
+            };
+            if idle {
                 self.remove(i);
                 self.expirations += 1;
             }
@@ -535,6 +568,9 @@ impl Shard {
         let key = slot.tag & !REFERENCED;
         slot.state = State::Empty;
         slot.tag = FREE;
+        if let Some(v) = self.variants.get_mut(idx as usize) {
+            *v = 0;
+        }
         if let Ok(entry) = self.map.find_entry(key, |&i| i == idx) {
             entry.remove();
         }
@@ -549,5 +585,6 @@ fn log_heap(state: &State) -> usize {
     }
 }
 
+mod numbers;
 #[cfg(test)]
 mod tests;

@@ -17,6 +17,7 @@ pub(crate) mod algorithm;
 pub(crate) mod conn;
 pub(crate) mod engine;
 pub(crate) mod memory;
+pub(crate) mod overrides;
 pub(crate) mod redis;
 
 use std::future::Future;
@@ -72,6 +73,13 @@ pub struct Limit {
     /// The policy used with `OnError::Local`: `algorithm` divided by the
     /// number of replicas, so N replicas together stay near the limit.
     pub local: Algorithm,
+    /// Set when `algorithm` is not the limit's own numbers (a plan's or a
+    /// key's override): the numbers a key's state is kept under otherwise,
+    /// so a store can rescale a state written under the one for the other:
+    /// `[algorithm, local]` of the limit itself.
+    pub base: Option<Arc<[Algorithm; 2]>>,
+    /// The replicas `local` is divided among (`store.replicas`).
+    pub replicas: u64,
 }
 
 impl Limit {
@@ -83,6 +91,31 @@ impl Limit {
             algorithm,
             zone,
             on_error: OnError::Local,
+            base: None,
+            replicas: 1,
+        }
+    }
+
+    /// The numbers a state of this limit's key is kept under when no plan
+    /// or override applies.
+    pub fn base_algorithm(&self) -> &Algorithm {
+        self.base.as_ref().map_or(&self.algorithm, |b| &b[0])
+    }
+
+    /// The same limit with other numbers (a plan's, an override's).
+    pub fn with_numbers(&self, algorithm: Algorithm) -> Limit {
+        let base = self
+            .base
+            .clone()
+            .unwrap_or_else(|| Arc::new([self.algorithm.clone(), self.local.clone()]));
+        Limit {
+            name: self.name.clone(),
+            local: algorithm.divided(self.replicas),
+            algorithm,
+            zone: self.zone,
+            on_error: self.on_error,
+            base: Some(base),
+            replicas: self.replicas,
         }
     }
 }
@@ -137,6 +170,11 @@ pub struct Check<'a> {
     pub group: u8,
     /// A dry-run group never stops the groups after it.
     pub dry_run: bool,
+    /// The version of the overrides its numbers were chosen under
+    /// ([`overrides::Overrides`]): a single Redis refuses to decide when
+    /// another replica changed them since (`LimiterError::Stale`), so the
+    /// caller chooses again. `None`: not checked.
+    pub overrides: Option<u64>,
 }
 
 impl<'a> Check<'a> {
@@ -149,6 +187,7 @@ impl<'a> Check<'a> {
             peek: false,
             group: 0,
             dry_run: false,
+            overrides: None,
         }
     }
 }
@@ -174,7 +213,7 @@ pub fn decide_in_groups<'a>(
             break;
         }
     }
-    Outcome { decisions }
+    Outcome::of(decisions)
 }
 
 /// Whether a decided group ends the walk: it is enforced (not dry run)
@@ -190,9 +229,20 @@ pub fn stops(group: &[Check<'_>], decided: &[Decision]) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub decisions: Vec<Decision>,
+    /// Decided without the shared store (its failure mode applied): what
+    /// was charged, if anything, was charged in this process's memory.
+    pub degraded: bool,
 }
 
 impl Outcome {
+    /// The shared store's (or the only store's) decisions.
+    pub fn of(decisions: Vec<Decision>) -> Self {
+        Outcome {
+            decisions,
+            degraded: false,
+        }
+    }
+
     /// See [`verdict`].
     pub fn verdict(&self) -> Verdict {
         verdict(&self.decisions)
@@ -273,6 +323,10 @@ pub enum LimiterError {
     Unavailable(String),
     #[error("rate-limit store did not answer within {0}ms")]
     Timeout(u64),
+    /// Another replica changed the overrides since the numbers were
+    /// chosen: choose them again (the store has reloaded them).
+    #[error("the overrides changed since the numbers were chosen")]
+    Stale,
     /// A `fail_closed` limit could not be checked: the request is refused.
     #[error("rate limit '{limit}' cannot be checked ({cause}); retry in 1s")]
     Closed { limit: Arc<str>, cause: String },

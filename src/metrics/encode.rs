@@ -127,6 +127,37 @@ impl Scrape {
             "gRPC calls answered, by route and grpc-status (other: a value outside 0-16).",
             grpc,
         )?;
+        counter(
+            e,
+            "tollgate_plan_requests",
+            "Requests whose limits were decided on a plan, by plan (names from the config).",
+            m.plan_counts()
+                .into_iter()
+                .map(|(p, n)| (vec![("plan", p.to_string())], n)),
+        )?;
+        let mut units = Vec::new();
+        for ((limit, route, plan), row) in m.costs() {
+            for (kind, n) in ["reserved", "settled", "refunded", "extra"]
+                .into_iter()
+                .zip(row)
+            {
+                units.push((
+                    vec![
+                        ("limit", limit.to_string()),
+                        ("route", route.to_string()),
+                        ("plan", plan.to_string()),
+                        ("kind", kind.to_owned()),
+                    ],
+                    n,
+                ));
+            }
+        }
+        counter(
+            e,
+            "tollgate_cost_units",
+            "Cost units of limits that settle after the answer, by limit, route, plan (- for none) and kind: reserved at admission, settled in the end, refunded (reserved but not used), extra (used past the reservation).",
+            units,
+        )?;
         histograms(
             e,
             "tollgate_request_duration_seconds",

@@ -118,7 +118,13 @@ struct Global {
     reloads: [AtomicU64; 2],
     /// Samples of the totals over the last 15 minutes (dashboard).
     history: history::History,
+    /// Cost units of settled limits: per (limit, route, plan), reserved,
+    /// settled, refunded and extra. Touched only when a cost is settled.
+    costs: std::sync::Mutex<CostTable>,
 }
+
+/// Per (limit, route, plan): units reserved, settled, refunded, extra.
+pub type CostTable = std::collections::BTreeMap<(Arc<str>, Arc<str>, Arc<str>), [u64; 4]>;
 
 /// Every counter the request path adds to, in tables indexed by what the
 /// config fixed at load. Each series is shared with the table of the
@@ -143,6 +149,9 @@ pub struct Metrics {
     decisions: Box<[Arc<Cells>]>,
     /// Per limit: the keys with the most rejections lately.
     top: Box<[Arc<TopKeys>]>,
+    /// The config's plan names, and per plan the requests decided on it.
+    plans: Box<[Arc<str>]>,
+    plan_requests: Box<[Arc<AtomicU64>]>,
     global: Arc<Global>,
     /// What the top offenders' decay is timed by.
     clock: Clock,
@@ -262,6 +271,7 @@ impl Metrics {
                 reloads: Default::default(),
                 // Counted from zero at start: the first minute is whole.
                 history: history::History::starting(limits.len()),
+                costs: Default::default(),
             }),
         };
         Metrics {
@@ -276,7 +286,73 @@ impl Metrics {
             limits: limits.into(),
             global,
             clock: clock.clone(),
+            plans: Box::new([]),
+            plan_requests: Box::new([]),
         }
+    }
+
+    /// The config's plan names (`identity.plans.names`), their counts
+    /// carried from `previous` by name.
+    pub fn with_plans(mut self, names: &[Arc<str>], previous: Option<&Metrics>) -> Self {
+        self.plan_requests = names
+            .iter()
+            .map(|n| {
+                series(
+                    n,
+                    previous.map(|p| (&p.plans[..], &p.plan_requests[..])),
+                    || AtomicU64::new(0),
+                )
+            })
+            .collect();
+        self.plans = names.into();
+        self
+    }
+
+    /// A request decided on plan `plan`.
+    pub fn plan_request(&self, plan: u8) {
+        if let Some(n) = self.plan_requests.get(usize::from(plan)) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(plan, requests)`, in config order.
+    pub fn plan_counts(&self) -> Vec<(Arc<str>, u64)> {
+        self.plans
+            .iter()
+            .zip(self.plan_requests.iter())
+            .map(|(p, n)| (p.clone(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// The name of plan `plan` (`-`: none).
+    pub fn plan_name(&self, plan: Option<u8>) -> Arc<str> {
+        plan.and_then(|p| self.plans.get(usize::from(p)))
+            .cloned()
+            .unwrap_or_else(|| Arc::from("-"))
+    }
+
+    /// A settled cost: `reserved` units at admission, `settled` in the end.
+    pub fn cost_units(&self, limit: usize, plan: Option<u8>, settled: u64, reserved: u64) {
+        let Some(l) = self.limits.get(limit) else {
+            return;
+        };
+        let mut t = self.global.costs.lock().unwrap_or_else(|e| e.into_inner());
+        let row = t
+            .entry((l.name.clone(), l.route.clone(), self.plan_name(plan)))
+            .or_default();
+        row[0] += reserved;
+        row[1] += settled;
+        row[2] += reserved.saturating_sub(settled);
+        row[3] += settled.saturating_sub(reserved);
+    }
+
+    /// The cost units table (see [`CostTable`]).
+    pub fn costs(&self) -> CostTable {
+        self.global
+            .costs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The connection counters of listener `listener` (an index into the

@@ -525,8 +525,10 @@ impl Body for ProxyBody {
         if let (Poll::Ready(Some(Ok(frame))), Some(end)) = (&polled, this.end.as_mut()) {
             if let Some(data) = frame.data_ref() {
                 end.add_bytes(data.len() as u64);
+                end.watch_data(data);
             } else if let Some(trailers) = frame.trailers_ref() {
                 end.set_grpc_status(grpc::status_of(trailers));
+                end.watch_trailers(trailers);
             }
         }
         if let (Poll::Ready(Some(Err(_))), Some(end)) = (&polled, this.end.as_mut()) {

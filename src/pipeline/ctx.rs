@@ -29,6 +29,13 @@ pub struct Ctx<'p> {
     pub bypass: Option<Bypass>,
     /// The verified user, once the identity stage has run.
     pub identity: Identity,
+    /// The caller's plan (index into `identity.plans.names`), if any.
+    pub plan: Option<u8>,
+    /// A verified token's claims, kept only when a limit reads a cost
+    /// from one.
+    pub claims: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+    /// Costs reserved now and settled after the answer.
+    pub reserved: Vec<super::settle::Reserved>,
     /// Zone checks counted but not yet decided: they go to the store with
     /// the route limits, so most requests cost one store call.
     pub pending: Batch,
@@ -61,6 +68,9 @@ impl<'p> Ctx<'p> {
             route: None,
             bypass: None,
             identity: Identity::Anonymous,
+            plan: None,
+            claims: None,
+            reserved: Vec::new(),
             pending: Batch::default(),
             applied: SmallVec::new(),
             deferred: Vec::new(),

@@ -23,10 +23,12 @@ use smallvec::SmallVec;
 
 use super::ctx::{Applied, Cause, Ctx, Rejection, Stop};
 use super::key::Key;
+use super::settle::Reserved;
+use crate::config::limits::describe;
 use crate::config::{RouteConfig, ZoneConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
-use crate::limiter::{most_restrictive, secs, verdict, Check, Store, Verdict};
+use crate::limiter::{most_restrictive, secs, verdict, Check, Limit, LimiterError, Store, Verdict};
 use crate::metrics::Outcome;
 
 pub const ZONE_GROUP: u8 = 0;
@@ -49,6 +51,8 @@ struct Item {
     origin: Origin,
     /// Where its bucket (`ip:203.0.113.7`) is in `Batch::keys`.
     key: (u32, u32),
+    /// A cost read from the request (`None`: the limit's own).
+    cost: Option<u64>,
 }
 
 /// Checks waiting for one store call. Their keys are written one after
@@ -76,8 +80,16 @@ impl Batch {
             dry_run,
             origin,
             key: range,
+            cost: None,
         });
         self.key(range)
+    }
+
+    /// The cost of the check pushed last, read from the request.
+    pub fn set_cost(&mut self, cost: u64) {
+        if let Some(item) = self.items.last_mut() {
+            item.cost = Some(cost);
+        }
     }
 
     /// Writes `key` after the others (unless it is there already): where
@@ -136,34 +148,31 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
     }
     // Stable: each tier's enforced checks, then its dry-run ones.
     batch.items.sort_by_key(|i| (i.group, i.dry_run));
-    // A request makes a few checks: they live in the request's future.
-    let mut checks: SmallVec<[Check<'_>; 4]> = SmallVec::new();
-    for item in &batch.items {
-        let (limit, cost, peek) = match (item.origin, route) {
-            (Origin::Zone(z), _) => (&zones[z].limit, 1, false),
-            (Origin::Route(i), Some(r)) => {
-                let l = &r.limits[i];
-                // Limits that count only some statuses are charged later.
-                (&l.limit, l.cost, l.count_status.is_some())
-            }
-            (Origin::Route(_), None) => continue,
+    // The numbers of each check (a plan's, a key's override) and its
+    // cost, chosen again when another replica changed the overrides since
+    // (Redis says so: `Stale`); the third time without the version check.
+    let mut tries = 0;
+    let (choices, outcome, version) = loop {
+        let version = (tries < 2).then(|| engine.overrides().version());
+        let choices = choose(engine, zones, route, &batch, cx);
+        let decided = {
+            let checks = checks(zones, route, &batch, &choices, version);
+            engine.decide(&checks).await
         };
-        checks.push(Check {
-            peek,
-            group: item.group,
-            dry_run: item.dry_run,
-            ..Check::new(limit, batch.key(item.key), cost)
-        });
-    }
-    let outcome = engine
-        .decide(&checks)
-        .await
-        .map_err(ProxyError::LimitUnavailable)?;
+        match decided {
+            Err(LimiterError::Stale) => tries += 1,
+            decided => {
+                let outcome = decided.map_err(ProxyError::LimitUnavailable)?;
+                break (choices, outcome, version);
+            }
+        }
+    };
+    let checks = checks(zones, route, &batch, &choices, version);
     let mut delay = 0;
     for (start, group, decided) in outcome.decided_groups(&checks) {
         let items = &batch.items[start..start + group.len()];
         if let (Some(route), Origin::Route(_)) = (route, items[0].origin) {
-            for (item, d) in items.iter().zip(decided) {
+            for (k, (item, d)) in items.iter().zip(decided).enumerate() {
                 let Origin::Route(i) = item.origin else {
                     continue;
                 };
@@ -174,6 +183,19 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
                 });
                 if limit.count_status.is_some() && d.admitted() {
                     cx.deferred.push((i, batch.key(item.key).to_owned()));
+                }
+                if let (Some(settle), true) = (&limit.settle, d.admitted()) {
+                    let check = &checks[start + k];
+                    cx.reserved.push(Reserved {
+                        limit: check.limit.clone(),
+                        key: check.key.to_owned(),
+                        units: check.cost,
+                        settle: settle.clone(),
+                        degraded: outcome.degraded,
+                        metric: i,
+                        plan: cx.plan,
+                        at_ms: engine.clock().unix_ms(),
+                    });
                 }
             }
         }
@@ -205,9 +227,15 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
                 let rejection = match (items[worst].origin, route) {
                     (Origin::Route(i), Some(r)) => {
                         let l = &r.limits[i];
+                        // A plan's or an override's numbers say their own.
+                        let chosen = &checks[start + worst].limit;
+                        let described = match chosen.base {
+                            None => l.description.clone(),
+                            Some(_) => Arc::from(describe(&chosen.algorithm, l.unit)),
+                        };
                         rejected(
                             &l.limit.name,
-                            &l.description,
+                            &described,
                             retry_ms,
                             StatusCode::TOO_MANY_REQUESTS,
                             true,
@@ -234,6 +262,103 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
         engine.clock().sleep(Duration::from_millis(delay)).await;
     }
     Ok(())
+}
+
+/// What a route check is decided under: the limit's own numbers, its
+/// plan's, or a key's override (owned: made for this request).
+enum Choice {
+    Own,
+    Plan(usize),
+    Override(Box<Limit>),
+}
+
+/// Per item of `batch`: its numbers and cost.
+fn choose(
+    engine: &Engine,
+    zones: &[ZoneConfig],
+    route: Option<&RouteConfig>,
+    batch: &Batch,
+    cx: &Ctx<'_>,
+) -> SmallVec<[(Choice, u64); 4]> {
+    let overrides = engine.overrides();
+    let mut now = None;
+    batch
+        .items
+        .iter()
+        .map(|item| {
+            let (Origin::Route(i), Some(r)) = (item.origin, route) else {
+                // A zone keyed by user may have numbers per plan.
+                let Origin::Zone(z) = item.origin else {
+                    return (Choice::Own, 1);
+                };
+                return match cx.plan.map(usize::from) {
+                    Some(p) if zones[z].plans.get(p).is_some_and(Option::is_some) => (Choice::Plan(p), 1),
+                    _ => (Choice::Own, 1),
+                };
+            };
+            let l = &r.limits[i];
+            let cost = item.cost.unwrap_or(l.cost);
+            let plan = cx
+                .plan
+                .map(usize::from)
+                .filter(|&p| l.plans.get(p).is_some_and(Option::is_some));
+            let now = *now.get_or_insert_with(|| engine.clock().unix_ms());
+            if let (Some(numbers), _) = overrides.lookup(&l.limit.name, batch.key(item.key), now) {
+                match numbers.apply(&l.limit.algorithm) {
+                    Ok(a) => {
+                        let limit = l.limit.with_numbers(a);
+                        return (Choice::Override(Box::new(limit)), cost);
+                    }
+                    Err(e) => tracing::warn!(limit = %l.limit.name, error = %e, "an override does not fit this limit; its own numbers apply"),
+                }
+            }
+            match plan {
+                Some(p) => (Choice::Plan(p), cost),
+                None => (Choice::Own, cost),
+            }
+        })
+        .collect()
+}
+
+/// The checks of `batch`, under `choices`.
+fn checks<'a>(
+    zones: &'a [ZoneConfig],
+    route: Option<&'a RouteConfig>,
+    batch: &'a Batch,
+    choices: &'a [(Choice, u64)],
+    version: Option<u64>,
+) -> SmallVec<[Check<'a>; 4]> {
+    let mut checks = SmallVec::new();
+    for (item, (choice, cost)) in batch.items.iter().zip(choices) {
+        let (limit, peek) = match (item.origin, route) {
+            (Origin::Zone(z), _) => {
+                let zone = &zones[z];
+                match choice {
+                    Choice::Plan(p) => (zone.plans[*p].as_ref().unwrap_or(&zone.limit), false),
+                    _ => (&zone.limit, false),
+                }
+            }
+            (Origin::Route(i), Some(r)) => {
+                let l = &r.limits[i];
+                let limit = match choice {
+                    Choice::Own => &l.limit,
+                    Choice::Plan(p) => l.plans[*p].as_ref().unwrap_or(&l.limit),
+                    Choice::Override(o) => o,
+                };
+                // Limits that count only some statuses are charged later.
+                (limit, l.count_status.is_some())
+            }
+            (Origin::Route(_), None) => continue,
+        };
+        checks.push(Check {
+            peek,
+            group: item.group,
+            dry_run: item.dry_run,
+            overrides: version,
+            ..Check::new(limit, batch.key(item.key), *cost)
+        });
+    }
+    checks
 }
 
 /// The rejection by the limit `name` ("5 requests per 60s").

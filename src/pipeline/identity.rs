@@ -48,17 +48,22 @@ impl Identify {
             .is_some_and(|jwt| token(&jwt.source, headers).is_some())
     }
 
-    /// The request's identity; a 401 for an unverifiable credential under
-    /// `on_invalid: reject`.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, ProxyError> {
+    /// The request's identity and plan; a 401 for an unverifiable
+    /// credential under `on_invalid: reject`. `peer_trusted`: the peer is a
+    /// trusted proxy, whose plan header is believed.
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        peer_trusted: bool,
+    ) -> Result<Verified, ProxyError> {
         let Some(config) = &self.config else {
-            return Ok(Identity::Anonymous);
+            return Ok(Verified::default());
         };
         if self.has_token(headers) {
             self.verified.fetch_add(1, Ordering::Relaxed);
         }
         config
-            .identify(headers, &self.clock)
+            .verify_request(headers, &self.clock, peer_trusted)
             .map_err(|e| ProxyError::Unauthorized(e.0))
     }
 
@@ -68,9 +73,21 @@ impl Identify {
     }
 }
 
+/// What the identity stage found: who, on which plan, and (when a limit
+/// reads a cost from one) the token's claims.
+#[derive(Debug, Default)]
+pub struct Verified {
+    pub identity: Identity,
+    pub plan: Option<u8>,
+    pub claims: Option<Box<Claims>>,
+}
+
+pub type Claims = serde_json::Map<String, serde_json::Value>;
+
 /// Who the request is, as far as it could be verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Identity {
+    #[default]
     Anonymous,
     /// A user id: `jwt:<claim value>` or `apikey:<hash>`.
     User(String),
@@ -88,10 +105,60 @@ impl IdentityConfig {
         headers: &HeaderMap,
         clock: &Clock,
     ) -> Result<Identity, InvalidCredential> {
+        Ok(self.verify_request(headers, clock, false)?.identity)
+    }
+
+    /// [`IdentityConfig::identify`], with the plan: from the token's plan
+    /// claim, the API key's metadata, or (from a trusted peer) the plan
+    /// header, in that order; an unknown or missing one is the default.
+    pub fn verify_request(
+        &self,
+        headers: &HeaderMap,
+        clock: &Clock,
+        peer_trusted: bool,
+    ) -> Result<Verified, InvalidCredential> {
+        let mut found = self.credential(headers, clock)?;
+        if let Some(plans) = &self.plans {
+            let from_claim = || {
+                let claim = plans.claim.as_ref()?;
+                let name = found.claims.as_ref()?.get(claim)?.as_str()?;
+                crate::config::plans::index(&plans.names, name)
+            };
+            let from_key = || match &found.identity {
+                Identity::User(u) => self.key_plans.get(u.strip_prefix("apikey:")?).copied(),
+                Identity::Anonymous => None,
+            };
+            let from_header = || {
+                let name = headers.get(plans.header.as_ref()?)?.to_str().ok()?;
+                crate::config::plans::index(&plans.names, name.trim())
+            };
+            found.plan = from_claim()
+                .or_else(from_key)
+                .or_else(|| peer_trusted.then(from_header).flatten())
+                .or(plans.default);
+        }
+        if !self.keep_claims {
+            found.claims = None;
+        }
+        Ok(found)
+    }
+
+    /// The verified user (and a token's claims).
+    fn credential(
+        &self,
+        headers: &HeaderMap,
+        clock: &Clock,
+    ) -> Result<Verified, InvalidCredential> {
         if let Some(jwt) = &self.jwt {
             if let Some(token) = token(&jwt.source, headers) {
                 match verify(jwt, token, clock) {
-                    Ok(user) => return Ok(Identity::User(format!("jwt:{user}"))),
+                    Ok((user, claims)) => {
+                        return Ok(Verified {
+                            identity: Identity::User(format!("jwt:{user}")),
+                            plan: None,
+                            claims: Some(Box::new(claims)),
+                        })
+                    }
                     Err(reason) => {
                         tracing::debug!(%reason, "unverifiable token; treating the request as anonymous");
                         if self.on_invalid == OnInvalid::Reject {
@@ -107,10 +174,13 @@ impl IdentityConfig {
                 .map(|v| v.as_bytes())
                 .filter(|k| !k.is_empty())
             {
-                return Ok(Identity::User(format!("apikey:{}", short_hash(key))));
+                return Ok(Verified {
+                    identity: Identity::User(format!("apikey:{}", short_hash(key))),
+                    ..Verified::default()
+                });
             }
         }
-        Ok(Identity::Anonymous)
+        Ok(Verified::default())
     }
 }
 
@@ -142,7 +212,7 @@ fn token<'a>(source: &TokenSource, headers: &'a HeaderMap) -> Option<&'a str> {
     }
 }
 
-fn verify(jwt: &JwtConfig, token: &str, clock: &Clock) -> Result<String, String> {
+fn verify(jwt: &JwtConfig, token: &str, clock: &Clock) -> Result<(String, Claims), String> {
     let key: &DecodingKey = match &jwt.keys {
         JwtKeys::Single(k) => k,
         JwtKeys::Set(keys) => {
@@ -161,11 +231,12 @@ fn verify(jwt: &JwtConfig, token: &str, clock: &Clock) -> Result<String, String>
     let data = decode::<serde_json::Map<String, serde_json::Value>>(token, key, &jwt.validation)
         .map_err(|e| format!("token rejected: {e}"))?;
     check_period(&data.claims, clock.unix_ms() / 1000, jwt.validation.leeway)?;
-    match data.claims.get(&jwt.claim) {
-        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
-        _ => Err(format!("token has no usable \"{}\" claim", jwt.claim)),
-    }
+    let user = match data.claims.get(&jwt.claim) {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => return Err(format!("token has no usable \"{}\" claim", jwt.claim)),
+    };
+    Ok((user, data.claims))
 }
 
 /// A verified token's validity period at `now` (seconds), with `leeway`

@@ -11,6 +11,9 @@
 
 use http::HeaderMap;
 
+use super::identity::Claims;
+use crate::config::CostFrom;
+
 use super::ctx::{Ctx, Stop};
 use super::decide::{self, Origin, ROUTE_GROUP};
 use super::key::{self, KeySource};
@@ -42,8 +45,39 @@ pub async fn decide(
             if let Some(k) = key::build(&l.key, &src, cfg) {
                 cx.pending
                     .push(ROUTE_GROUP, l.dry_run, Origin::Route(i), &k);
+                if let Some(from) = &l.cost_from {
+                    let trusted = cx.client.peer_trusted;
+                    cx.pending
+                        .set_cost(cost(from, l.cost, headers, trusted, cx.claims.as_deref()));
+                }
             }
         }
     }
     decide::decide(engine, zones.configs(), cx).await
+}
+
+/// A route limit's cost read from the request: a header from a trusted
+/// proxy, or a verified token's claim, cut to `max`; `default` when
+/// missing, zero or not a number.
+fn cost(
+    from: &CostFrom,
+    default: u64,
+    headers: &HeaderMap,
+    peer_trusted: bool,
+    claims: Option<&Claims>,
+) -> u64 {
+    let header = || {
+        let v = headers.get(from.header.as_ref()?)?.to_str().ok()?;
+        v.trim().parse::<u64>().ok()
+    };
+    let claim = || {
+        let v = claims?.get(from.claim.as_ref()?)?;
+        v.as_u64().or_else(|| v.as_str()?.trim().parse().ok())
+    };
+    peer_trusted
+        .then(header)
+        .flatten()
+        .or_else(claim)
+        .filter(|&n| n > 0)
+        .map_or(default, |n| n.min(from.max))
 }

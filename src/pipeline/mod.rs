@@ -33,8 +33,11 @@ pub(crate) mod limits;
 pub(crate) mod normalize;
 pub(crate) mod proxy;
 pub(crate) mod record;
+mod replayed;
+pub use replayed::Replayed;
 pub(crate) mod response;
 pub(crate) mod route;
+pub(crate) mod settle;
 pub(crate) mod upstream;
 pub(crate) mod webhook;
 pub(crate) mod zones;
@@ -95,7 +98,7 @@ pub struct Pipeline {
     /// Verifies JWTs / API keys when configured.
     pub(crate) identity: Identify,
     /// Where limit state lives, and what happens when it fails.
-    pub(crate) engine: Engine,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) metrics: Arc<Metrics>,
     /// Per route: the metrics index of its first limit (zones come first).
     limit_base: Box<[usize]>,
@@ -105,19 +108,6 @@ pub struct Pipeline {
     pub(crate) alerts: Arc<Alerts>,
     /// The listeners, in config order (as the metrics count them).
     pub(crate) listeners: Box<[ListenerView]>,
-}
-
-/// What the limits decided for one replayed request
-/// ([`Pipeline::replay`]).
-pub struct Replayed {
-    /// The route matched, by its index in the config.
-    pub route: Option<usize>,
-    /// The answer: the logged status when it would have been forwarded.
-    pub status: StatusCode,
-    /// Every decision, by the limit's metrics index (`Metrics::limits`).
-    pub decisions: Vec<(usize, Outcome)>,
-    /// The keys refused (enforced or dry run), by limit.
-    pub rejected: Vec<(usize, Outcome, String)>,
 }
 
 /// A listener as the admin API shows it.
@@ -168,14 +158,23 @@ impl Pipeline {
         let listeners: Vec<&str> = config.listeners.iter().map(|l| l.name.as_str()).collect();
         let limit_names: Vec<Arc<str>> = limits.iter().map(|l| l.name.clone()).collect();
         let route_names: Vec<Arc<str>> = routes.iter().map(|r| r.name.clone()).collect();
+        let plans: Vec<Arc<str>> = config
+            .identity
+            .as_ref()
+            .and_then(|i| i.plans.as_ref())
+            .map(|p| p.names.clone())
+            .unwrap_or_default();
         Pipeline {
-            metrics: Arc::new(Metrics::carried(
-                &listeners,
-                &route_names,
-                limits,
-                previous.map(|p| &*p.metrics),
-                engine.clock(),
-            )),
+            metrics: Arc::new(
+                Metrics::carried(
+                    &listeners,
+                    &route_names,
+                    limits,
+                    previous.map(|p| &*p.metrics),
+                    engine.clock(),
+                )
+                .with_plans(&plans, previous.map(|p| &*p.metrics)),
+            ),
             alerts: Alerts::new(
                 &config.alerts,
                 &limit_names,
@@ -220,7 +219,7 @@ impl Pipeline {
             bypass: std::mem::take(&mut config.bypass),
             zones: Zones::new(zones, previous.map(|p| &p.zones)),
             identity: Identify::new(config.identity.take(), engine.clock().clone()),
-            engine,
+            engine: Arc::new(engine),
         }
     }
 
@@ -307,6 +306,7 @@ impl Pipeline {
                 method: req.method().clone(),
                 path: req.uri().path().to_owned(),
                 route: None,
+                plan: None,
                 user: None,
                 rate_limit: None,
                 upstream: None,
@@ -394,49 +394,6 @@ impl Pipeline {
         resp
     }
 
-    /// A logged request run through the stages on the pipeline's clock
-    /// (`tollgate replay`): what would have been forwarded is answered
-    /// with the status `logged` (a route limit that counts by status
-    /// charges by it) and nothing is sent anywhere. Counted in the
-    /// pipeline's metrics like a served request.
-    pub async fn replay(
-        &self,
-        req: &mut Request<()>,
-        conn: &ConnInfo,
-        logged: StatusCode,
-    ) -> Replayed {
-        let resolved = self.client_ip.resolve(&conn.client, req.headers());
-        let mut cx = Ctx::new(resolved, self.end(None, conn, false));
-        let served = self
-            .serve(req, &mut None, conn, &mut cx, Some(logged))
-            .await;
-        let status = match &served {
-            Ok(resp) => resp.status(),
-            Err(Stop::Limited(rejection)) => rejection.status,
-            Err(Stop::Failed(err)) => err.status(),
-        };
-        self.count(&cx);
-        cx.end.set_status(status);
-        let decisions = cx
-            .counted
-            .iter()
-            .filter_map(|&(origin, outcome)| Some((self.limit_index(origin, cx.route)?, outcome)))
-            .collect();
-        let rejected = cx
-            .rejected_keys
-            .iter()
-            .filter_map(|(origin, outcome, key)| {
-                Some((self.limit_index(*origin, cx.route)?, *outcome, key.clone()))
-            })
-            .collect();
-        Replayed {
-            route: cx.route.map(|r| r.index),
-            status,
-            decisions,
-            rejected,
-        }
-    }
-
     /// What settles a request when its response ends: the access log line
     /// (`record`), the connection's in-flight count, the metrics.
     fn end(&self, record: Option<Box<AccessRecord>>, conn: &ConnInfo, h2: bool) -> RequestEnd {
@@ -498,9 +455,16 @@ impl Pipeline {
         self.zones
             .count(&self.engine, cx, headers, &self.client_ip, early)
             .await?;
-        cx.identity = self.identity.identify(headers)?;
+        let verified = self.identity.identify(headers, cx.client.peer_trusted)?;
+        cx.identity = verified.identity;
+        cx.claims = verified.claims;
+        cx.plan = verified.plan;
         if let identity::Identity::User(user) = &cx.identity {
             cx.end.set_user(user);
+        }
+        if let Some(plan) = cx.plan {
+            self.metrics.plan_request(plan);
+            cx.end.set_plan(self.metrics.plan_name(Some(plan)));
         }
         webhook::check_source(cx.route, ip)?;
         limits::decide(&self.engine, &self.zones, cx, headers, &self.client_ip).await?;
@@ -528,17 +492,61 @@ impl Pipeline {
                 None => {
                     let upstream = &self.upstreams[*i];
                     cx.end.set_upstream(&upstream.name);
-                    proxy::forward(cx, req, body, conn, upstream, route, self.body_read_timeout)
-                        .await?
+                    let forwarded = proxy::forward(
+                        cx,
+                        req,
+                        body,
+                        conn,
+                        upstream,
+                        route,
+                        self.body_read_timeout,
+                    )
+                    .await;
+                    match forwarded {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            let reserved = self.reserved(cx, route);
+                            if !reserved.is_empty() {
+                                settle::failed(
+                                    &self.engine,
+                                    &self.metrics,
+                                    self.engine.clock(),
+                                    reserved,
+                                )
+                                .await;
+                            }
+                            return Err(e.into());
+                        }
+                    }
                 }
             },
         };
+        if !cx.reserved.is_empty() {
+            let reserved = self.reserved(cx, route);
+            cx.end.watch = settle::after_head(
+                &self.engine,
+                &self.metrics,
+                self.engine.clock(),
+                reserved,
+                resp.headers(),
+            )
+            .await;
+        }
         if !cx.deferred.is_empty() {
             let status = resp.status().as_u16();
             decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
         }
         response::limit_headers(&mut resp, cx.route, &cx.applied);
         Ok(resp)
+    }
+
+    /// The request's reservations, their limits' metrics indexes made whole.
+    fn reserved(&self, cx: &mut Ctx<'_>, route: &RouteConfig) -> Vec<settle::Reserved> {
+        let mut reserved = std::mem::take(&mut cx.reserved);
+        for r in &mut reserved {
+            r.metric += self.limit_base[route.index];
+        }
+        reserved
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {

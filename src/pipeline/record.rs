@@ -27,6 +27,8 @@ pub struct AccessRecord {
     pub route: Option<Arc<str>>,
     /// The verified user (a JWT claim, or an API key hash), if any.
     pub user: Option<String>,
+    /// The caller's plan, if any.
+    pub plan: Option<Arc<str>>,
     /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
     pub rate_limit: Option<String>,
     pub upstream: Option<Arc<str>>,
@@ -59,6 +61,8 @@ pub struct RequestEnd {
     grpc_status: Option<u16>,
     /// Per-key concurrency slots (`max_conn`), released with the request.
     pub slots: Vec<ConnSlot>,
+    /// Reserved costs waiting for the body's trailer or last event.
+    pub watch: Option<Box<super::settle::Watch>>,
 }
 
 impl RequestEnd {
@@ -85,6 +89,27 @@ impl RequestEnd {
             grpc_status: None,
             conn,
             slots: Vec::new(),
+            watch: None,
+        }
+    }
+
+    /// A body frame's data, for a reserved cost read from an event.
+    pub fn watch_data(&mut self, data: &bytes::Bytes) {
+        if let Some(w) = self.watch.as_mut() {
+            w.data(data);
+        }
+    }
+
+    /// The body's trailers, for a reserved cost read from one.
+    pub fn watch_trailers(&mut self, trailers: &http::HeaderMap) {
+        if let Some(w) = self.watch.as_mut() {
+            w.trailers(trailers);
+        }
+    }
+
+    pub fn set_plan(&mut self, plan: Arc<str>) {
+        if let Some(r) = self.record.as_mut() {
+            r.plan = Some(plan);
         }
     }
 
@@ -171,6 +196,9 @@ impl Drop for RequestEnd {
         if let Some(status) = self.grpc_status {
             self.metrics.grpc_call(self.route, status);
         }
+        if let Some(watch) = self.watch.take() {
+            watch.finish(self.metrics.clone(), self.clock.unix_ms(), self.aborted);
+        }
         let Some(r) = self.record.take() else { return };
         let ms = took.as_secs_f64() * 1000.0;
         tracing::info!(
@@ -183,6 +211,7 @@ impl Drop for RequestEnd {
             grpc_status = self.grpc_status,
             route = r.route.as_deref().unwrap_or("-"),
             user = r.user.as_deref().unwrap_or("-"),
+            plan = r.plan.as_deref().unwrap_or("-"),
             rate_limit = r.rate_limit.as_deref().unwrap_or("-"),
             upstream = r.upstream.as_deref().unwrap_or("-"),
             upstream_target = r.target.as_deref().unwrap_or("-"),

@@ -23,6 +23,7 @@ mod nginx_differential;
 mod package;
 mod parsers;
 mod pgo_train;
+mod plans;
 mod protection;
 mod redis_proxy;
 mod redis_replicas;

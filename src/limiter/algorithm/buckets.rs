@@ -18,7 +18,13 @@ pub(super) fn token_check(
     let capacity = burst as u128 * p;
     let level = bucket_level(state, now, a, capacity);
     let need = cost as u128 * p;
-    if level >= need {
+    // A settled cost past empty is a debt: an empty bucket whose refill
+    // starts later (a few ms ahead is only a concurrent request's clock).
+    let debt = match *state {
+        State::Bucket { level: 0, last } => last.saturating_sub(now),
+        _ => 0,
+    };
+    if level >= need && debt == 0 {
         let after = level - need;
         policy.decide(
             Verdict::Allow,
@@ -30,8 +36,8 @@ pub(super) fn token_check(
         policy.decide(
             Verdict::Reject,
             div(level, p) as u64,
-            div_ceil(capacity - level, a),
-            div_ceil(need - level, a),
+            div_ceil(capacity - level, a) + debt,
+            div_ceil(need.saturating_sub(level), a).max(1) + debt,
         )
     }
 }

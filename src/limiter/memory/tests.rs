@@ -522,3 +522,32 @@ fn checks_sharing_a_key_count_each_in_their_own_limit_and_other_keys_apart() {
     assert_eq!(left(&s, &user, "ip:a", 0), 3);
     assert_eq!(left(&s, &route, "user:b", 0), 4);
 }
+
+#[test]
+fn a_key_that_changes_plan_keeps_the_share_it_used() {
+    let window = |limit| Algorithm::FixedWindow {
+        limit,
+        window_ms: 3_600_000,
+    };
+    let free = limit("api", window(10), 0);
+    let pro = free.with_numbers(window(100));
+    let s = store(&[&free], 1 << 20);
+    let now = 7_200_000;
+    let left = |l: &Limit| s.decide_at(&[Check::new(l, "k", 1)], now).decisions[0];
+    for _ in 0..49 {
+        assert!(left(&pro).admitted());
+    }
+    // 50 of 100 used on pro is 5 of 10 on free: 5 left, not 10 (no free
+    // burst from a downgrade) ...
+    assert_eq!(left(&free).remaining, 4);
+    // ... and back on pro, 6 of 10 is 60 of 100: no debt lost either.
+    assert_eq!(left(&pro).remaining, 100 - 61);
+    // Another key on the default numbers is not touched by any of it.
+    assert_eq!(
+        s.decide_at(&[Check::new(&free, "other", 1)], now).decisions[0].remaining,
+        9
+    );
+    // A settled extra on the pro key is charged in pro's numbers.
+    s.settle_at(&pro, "k", now, 0, 30);
+    assert_eq!(left(&pro).remaining, 100 - 61 - 30 - 1);
+}

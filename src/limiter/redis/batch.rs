@@ -50,12 +50,18 @@ pub struct Job {
     pub keys: String,
     pub ends: SmallVec<[usize; 4]>,
     pub spec: String,
+    /// The overrides version its numbers were chosen under, checked by the
+    /// script against the version key (see `limiter::overrides`).
+    pub version: Option<u64>,
 }
 
 impl Job {
     /// The same keys and checks: one client's requests on one route.
     fn same(&self, other: &Job) -> bool {
-        self.spec == other.spec && self.ends == other.ends && self.keys == other.keys
+        self.spec == other.spec
+            && self.ends == other.ends
+            && self.keys == other.keys
+            && self.version == other.version
     }
 
     /// The Redis key of each check, in order.
@@ -67,6 +73,10 @@ impl Job {
 
 /// A failed call: the message, and whether the connection itself broke.
 pub type Failure = (String, bool);
+
+/// The failure of a call the script refused because the overrides changed
+/// (see `limiter::overrides`): Redis is fine.
+pub const STALE: &str = "stale overrides";
 
 /// The script's clock and the request's decision numbers.
 pub type Answer = Result<(u64, Vec<i64>), Failure>;
@@ -84,9 +94,10 @@ impl Batcher {
         decide: Arc<Decide>,
         timeout: Duration,
         calls: Arc<AtomicU64>,
+        version_key: Arc<str>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, link, decide, timeout, calls));
+        tokio::spawn(run(rx, link, decide, timeout, calls, version_key));
         Batcher { tx }
     }
 
@@ -106,6 +117,7 @@ async fn run(
     decide: Arc<Decide>,
     timeout: Duration,
     calls: Arc<AtomicU64>,
+    version_key: Arc<str>,
 ) {
     let mut flying = FuturesUnordered::new();
     // Whether requests may still come (false once the store is dropped):
@@ -128,7 +140,7 @@ async fn run(
                 // Callers that gave up (timed out) are not decided for nothing.
                 batch.retain(|(_, reply)| !reply.is_closed());
                 if !batch.is_empty() {
-                    flying.push(fly(&link, &decide, &calls, timeout, batch));
+                    flying.push(fly(&link, &decide, &calls, &version_key, timeout, batch));
                 }
             }
             else => return,
@@ -142,11 +154,12 @@ async fn fly(
     link: &Link,
     decide: &Decide,
     calls: &AtomicU64,
+    version_key: &str,
     timeout: Duration,
     batch: Vec<Queued>,
 ) {
     let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
-    match call(link, decide, calls, 0, &jobs, timeout).await {
+    match call(link, decide, calls, (0, version_key), &jobs, timeout).await {
         Ok(each) => {
             for (reply, answer) in replies.into_iter().zip(each) {
                 let _ = reply.send(Ok(answer));
@@ -186,19 +199,22 @@ fn fill(rx: &mut mpsc::UnboundedReceiver<Queued>, batch: &mut Vec<Queued>) {
 
 /// One script call for `jobs` on the link's connection, counted in `calls`
 /// and in the breaker: per job, the clock and its decision numbers.
+/// `clock`: the time to decide at (0: Redis `TIME`) and the overrides'
+/// version key.
 pub async fn call(
     link: &Link,
     decide: &Decide,
     calls: &AtomicU64,
-    now: u64,
+    clock: (u64, &str),
     jobs: &[Job],
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
     let (generation, mut conn) = link.get().map_err(|why| (why.to_owned(), false))?;
     calls.fetch_add(1, Ordering::Relaxed);
-    let result = invoke(&mut conn, decide, now, jobs, timeout).await;
+    let result = invoke(&mut conn, decide, clock, jobs, timeout).await;
     match &result {
         Ok(_) => link.succeeded(),
+        Err((why, _)) if why == STALE => link.succeeded(),
         Err((_, broken)) => link.failed(broken.then_some(generation)),
     }
     result
@@ -210,13 +226,17 @@ pub async fn call(
 async fn invoke(
     conn: &mut Conn,
     decide: &Decide,
-    now: u64,
+    clock: (u64, &str),
     jobs: &[Job],
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
-    let operands = |cmd: &mut redis::Cmd| operands(cmd, now, jobs);
+    let operands = |cmd: &mut redis::Cmd| operands(cmd, clock, jobs);
     let reply = bounded(decide.call(conn, operands), timeout).await?;
-    numbers(&reply)
+    let values = numbers(&reply);
+    if values.as_deref() == Some(&[-1]) {
+        return Err((STALE.to_owned(), false));
+    }
+    values
         .and_then(|values| split(&values, jobs))
         .ok_or_else(|| ("unexpected answer from the script".to_owned(), false))
 }
@@ -226,16 +246,27 @@ async fn invoke(
 /// client) go as a run: their keys once, their spec once after "*<n>".
 /// The script decides each of them as before; Redis is spared making
 /// their arguments, about a quarter of what a request costs it.
-fn operands(cmd: &mut redis::Cmd, now: u64, jobs: &[Job]) {
+/// With an overrides version, the version key comes last and the clock
+/// argument is "<now>:<version>" (the oldest version of the jobs: the
+/// script refuses the call unless it is Redis's).
+fn operands(cmd: &mut redis::Cmd, (now, version_key): (u64, &str), jobs: &[Job]) {
     let runs: SmallVec<[&[Job]; 16]> = jobs.chunk_by(Job::same).collect();
     let keys: usize = runs.iter().map(|run| run[0].ends.len()).sum();
-    cmd.arg(keys);
+    let version = jobs.iter().filter_map(|j| j.version).min();
+    cmd.arg(keys + usize::from(version.is_some()));
     for run in &runs {
         for key in run[0].keys() {
             cmd.arg(key);
         }
     }
-    cmd.arg(now);
+    match version {
+        Some(v) => {
+            cmd.arg(version_key).arg(format!("{now}:{v}"));
+        }
+        None => {
+            cmd.arg(now);
+        }
+    }
     for run in runs {
         if run.len() > 1 {
             cmd.arg(format!("*{}", run.len()));
@@ -330,6 +361,7 @@ mod tests {
                 })
                 .collect(),
             spec: spec.to_owned(),
+            version: None,
         };
         let zone = "6,1000,5,-1,1,0,0,0;";
         let two = "6,1000,5,-1,1,0,0,0;1,10,60000,0,1,0,1,0;";
@@ -339,7 +371,7 @@ mod tests {
         let c_split = job(&["ip:au", ":1"], two);
         let jobs = [a(), a(), a(), job(&["ip:b"], zone), a(), c(), c(), c_split];
         let mut cmd = redis::cmd("FCALL");
-        operands(&mut cmd, 0, &jobs);
+        operands(&mut cmd, (0, "v"), &jobs);
         let args: Vec<String> = cmd
             .args_iter()
             .map(|arg| match arg {
@@ -360,6 +392,7 @@ mod tests {
             keys: String::new(),
             ends: (0..checks).map(|_| 0).collect(),
             spec: String::new(),
+            version: None,
         };
         let jobs = [job(2), job(1)];
         // The first request stopped after its first check; the second

@@ -7,7 +7,8 @@
 -- KEYS: the state of each check, request after request; one string
 -- "<tag>:<n>:<n>..." whose tag names the algorithm (a state of another
 -- algorithm reads as a new key).
--- ARGV[1]: the clock in ms, or 0 for Redis TIME (tests pin it).
+-- ARGV[1]: the clock in ms, or 0 for Redis TIME (tests pin it); with
+--   ":<version>" after it, the overrides version (see below).
 -- ARGV[2...]: one per request, its checks "c;c;...", each check
 --   "algorithm,p1,p2,p3,cost,peek,group,dry": algorithm 1-6 (F S L B G K),
 --   peek 1 = decide but never charge, dry 1 = a dry-run group. A request
@@ -246,19 +247,21 @@ local function make()
 
   algorithms.B = function(s, a, p, burst, cost, par, mine)
     local capacity = burst * p
-    local level = capacity
+    local level, debt = capacity, 0
     if s and s[1] == 'B' then
       local stored, last = s[2], s[3]
       local elapsed = max(0, now - last)
       if elapsed < cdiv(capacity - stored, a) then level = stored + elapsed * a end
+      -- a settled cost past empty: refill starts after the debt
+      if stored == 0 and last > now then debt = last - now end
     end
     local need = cost * p
-    if level >= need then
+    if level >= need and debt == 0 then
       local after = level - need
       local reset = cdiv(capacity - after, a)
       return 0, idiv(after, p), reset, put(s, mine, 'B', after, now, par), max(reset, 1)
     end
-    return -1 - cdiv(need - level, a), idiv(level, p), cdiv(capacity - level, a)
+    return -1 - max(cdiv(need - level, a), 1) - debt, idiv(level, p), cdiv(capacity - level, a) + debt
   end
 
   algorithms.G = function(s, a, p, burst, cost, par, mine)
@@ -492,7 +495,18 @@ local function make()
   end
 
   return function(KEYS, ARGV)
-    now = tonumber(ARGV[1])
+    -- "<now>:<version>": the caller chose its numbers under that version
+    -- of the overrides (the last key holds Redis's); a call made under an
+    -- older one is refused with the single number -1, decided by nothing.
+    local clock, version = match(ARGV[1], '^(%d+):(%d+)$')
+    if clock then
+      if (redis.call('GET', KEYS[#KEYS]) or '0') ~= version then
+        return struct.pack('>i8', -1)
+      end
+      now = tonumber(clock)
+    else
+      now = tonumber(ARGV[1])
+    end
     -- A pinned clock (tests replaying traces) is not Redis's: a key must
     -- not expire on Redis's own clock while the trace's time still needs
     -- it, so pinned runs keep keys an hour (a key kept past its TTL

@@ -54,7 +54,7 @@ impl RedisStore {
 
     /// One command on the shared connection, bounded by `timeout`; a
     /// failure counts toward the breaker like a decision's.
-    async fn command<T: redis::FromRedisValue>(
+    pub(super) async fn command<T: redis::FromRedisValue>(
         &self,
         cmd: &mut redis::Cmd,
     ) -> Result<T, LimiterError> {

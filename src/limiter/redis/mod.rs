@@ -28,6 +28,7 @@ mod cache;
 mod conn;
 mod function;
 mod keys;
+mod overrides;
 mod resets;
 mod setup;
 
@@ -45,6 +46,7 @@ use batch::{Batcher, Job};
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::Link;
 use function::Decide;
+use overrides::overrides_keys;
 use setup::{describe, params, parse, subscriber, suffixes, target};
 
 const DECIDE: &str = include_str!("decide.lua");
@@ -184,8 +186,15 @@ impl RedisStore {
                 resets,
             }),
             options: options.clone(),
-            batcher: (!options.cluster)
-                .then(|| Batcher::start(link.clone(), decide, options.timeout, calls.clone())),
+            batcher: (!options.cluster).then(|| {
+                Batcher::start(
+                    link.clone(),
+                    decide,
+                    options.timeout,
+                    calls.clone(),
+                    overrides_keys(&options.prefix).1.into(),
+                )
+            }),
             calls,
         };
         Ok((store, warning))
@@ -316,16 +325,12 @@ impl RedisStore {
         now: u64,
     ) -> Result<Outcome, LimiterError> {
         let Some(cache) = &self.cache else {
-            return Ok(Outcome {
-                decisions: self.send(checks, now).await?,
-            });
+            return Ok(Outcome::of(self.send(checks, now).await?));
         };
         let local_now = cache.now();
         let outcome = match cached_cut(cache, &self.suffixes, checks, local_now) {
             Some(cut) => self.decide_around(checks, now, cut).await?,
-            None => Outcome {
-                decisions: self.send(checks, now).await?,
-            },
+            None => Outcome::of(self.send(checks, now).await?),
         };
         remember(cache, &self.suffixes, checks, &outcome.decisions, local_now);
         Ok(outcome)
@@ -354,7 +359,7 @@ impl RedisStore {
         };
         if decided.len() < sent.len() {
             // An earlier group refused: the outcome ends there.
-            return Ok(Outcome { decisions: decided });
+            return Ok(Outcome::of(decided));
         }
         let mut decisions = decided[..start].to_vec();
         let mut peeked = decided[start..].iter();
@@ -364,7 +369,7 @@ impl RedisStore {
                 None => decisions.extend(peeked.next().copied()),
             }
         }
-        Ok(Outcome { decisions })
+        Ok(Outcome::of(decisions))
     }
 
     /// One script call, or on a cluster one per client key (see the
@@ -495,6 +500,11 @@ impl RedisStore {
             keys: String::with_capacity(checks.len() * (self.prefix.len() + 40)),
             ends: SmallVec::new(),
             spec: String::with_capacity(checks.len() * 40),
+            // (a cluster keeps the version in another slot: not checked)
+            version: checks
+                .first()
+                .and_then(|c| c.overrides)
+                .filter(|_| !self.cluster),
         };
         let mut digits = itoa::Buffer::new();
         for c in checks {
@@ -537,14 +547,17 @@ impl RedisStore {
                 &self.link,
                 &self.decide,
                 &self.calls,
-                now,
+                (now, &overrides_keys(&self.prefix).1),
                 &[job],
                 self.timeout,
             )
             .await
             .map(|mut each| each.pop().unwrap_or_default()),
         };
-        let (stamp, values) = answer.map_err(|(why, _)| LimiterError::Unavailable(why))?;
+        let (stamp, values) = answer.map_err(|(why, _)| match why.as_str() {
+            batch::STALE => LimiterError::Stale,
+            _ => LimiterError::Unavailable(why),
+        })?;
         Ok((stamp, parse(checks, &values)))
     }
 }
