@@ -164,6 +164,10 @@ impl Sources for Pipeline {
         self.engine.fallbacks()
     }
 
+    fn store_unsettled(&self) -> u64 {
+        self.engine.unsettled()
+    }
+
     fn breaker_open(&self) -> Option<bool> {
         self.engine.redis().map(|r| !r.is_up())
     }

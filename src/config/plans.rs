@@ -122,7 +122,8 @@ pub fn key_metadata(file: &str, names: &[Arc<str>], c: &mut Checker) -> HashMap<
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             c.report(
                 path,
-                format!("{file}: \"{digest}\" is not a SHA-256 digest (64 hex digits); never write the key itself"),
+                // (the entry is not shown: it may be a key in clear)
+                format!("{file}: an entry is not a SHA-256 digest (64 hex digits): the file holds digests of keys (printf %s \"$KEY\" | sha256sum), never the keys"),
             );
             continue;
         }
@@ -292,4 +293,69 @@ pub fn settle(path: &str, l: &RawLimit, algorithm: &Algorithm, c: &mut Checker) 
         on_failure,
         max,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{assert_exactly, problems};
+
+    #[test]
+    fn plan_and_cost_problems_name_their_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("keys.yaml");
+        std::fs::write(
+            &meta,
+            format!(
+                "{}: {{ plan: gold }}\nmy-secret-key: {{ plan: pro }}\n",
+                "ab".repeat(32)
+            ),
+        )
+        .unwrap();
+        let found = problems(&format!(
+            "listeners: [{{ bind: '127.0.0.1:0' }}]
+identity:
+  api_key: {{ header: x-api-key, metadata: '{}' }}
+  plans: {{ names: [free, pro, 'no spaces'], claim: plan, default: basic }}
+zones:
+  - {{ name: per_ip, rate: 10r/s, plans: {{ pro: {{ rate: 20r/s }} }} }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{}}
+    limits:
+      - {{ name: a, algorithm: fixed_window, limit: 10, window: 1m, plans: {{ gold: {{ limit: 5 }}, pro: {{ rate: 5/s }} }} }}
+      - {{ name: b, algorithm: sliding_log, limit: 10, window: 1m, settle: {{ header: x-cost }} }}
+      - {{ name: c, algorithm: gcra, rate: 10/s, cost: {{ default: 2, max: 99 }} }}
+      - {{ name: d, algorithm: token_bucket, rate: 10/s, settle: {{ header: x-a, trailer: x-b, on_failure: later }} }}
+",
+            meta.display()
+        ));
+        assert_exactly(
+            &found,
+            &[
+                "identity.plans.names[2]: a plan name is 1 to 32 letters",
+                "identity.plans.default: \"basic\" is not in identity.plans.names",
+                "identity.api_key.metadata: ",
+                "identity.api_key.metadata: ",
+                "identity.plans.claim: needs identity.jwt",
+                "zones[0].plans: a zone keyed by ip, header or global",
+                "routes[0].limits[0].plans.gold: \"gold\" is not in identity.plans.names",
+                "routes[0].limits[0].plans.pro: fixed_window takes limit and window",
+                "routes[0].limits[1].settle: sliding_log cannot settle",
+                "routes[0].limits[2].cost.max: must be from 1 to the limit (10), got 99",
+                "routes[0].limits[2].cost: say where the cost is read",
+                "routes[0].limits[3].settle: give one of header, trailer or event",
+            ],
+        );
+        // The metadata problems: an unknown plan, and a key in clear.
+        assert!(found
+            .iter()
+            .any(|f| f.contains(".plan: \"gold\" is not in")));
+        assert!(found
+            .iter()
+            .any(|f| f.contains("an entry is not a SHA-256 digest")));
+        assert!(
+            !found.iter().any(|f| f.contains("my-secret-key")),
+            "a key in clear is never echoed"
+        );
+    }
 }

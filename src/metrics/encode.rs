@@ -262,6 +262,12 @@ impl Scrape {
                 .into_iter()
                 .map(|(mode, n)| (vec![("mode", mode.to_owned())], n)),
         )?;
+        counter(
+            e,
+            "tollgate_store_unsettled",
+            "Settlements of reserved costs that Redis failed or did not answer in time; the reservation stands (never retried).",
+            [(Vec::new(), s.store_unsettled())],
+        )?;
         if let Some(n) = s.script_calls() {
             counter(
                 e,

@@ -84,6 +84,8 @@ pub trait Sources: Send + Sync {
     fn store_calls(&self) -> Vec<(&'static str, &'static str, u64)>;
     /// `(mode, requests)` decided by a failure mode while Redis failed.
     fn store_fallbacks(&self) -> Vec<(&'static str, u64)>;
+    /// Settlements of reserved costs that could not reach Redis.
+    fn store_unsettled(&self) -> u64;
     /// Whether the Redis breaker is open (`None` without Redis).
     fn breaker_open(&self) -> Option<bool>;
     /// `(keys tracked, evictions)` per limit, in `limits` order.

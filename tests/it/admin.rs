@@ -368,6 +368,8 @@ admin: {{ bind: '127.0.0.1:0', token: ['{TOKEN}'] }}
 log: {{ access_log: false }}
 zones:
   - {{ name: per_ip, rate: 20r/s, burst: 10, nodelay: true, key: ip }}
+identity:
+  plans: {{ names: [free, pro], header: x-plan, default: free }}
 alerts:
   rules: [{{ name: login-flood, limit: login, rejections: 20, per: 1m }}]
 routes:
@@ -378,10 +380,18 @@ routes:
   - name: api
     match: {{ path_prefix: /api/ }}
     respond: {{ body: \"ok\\n\" }}
+    limits: [{{ name: items, algorithm: fixed_window, key: ip, limit: 1000, window: 1m, plans: {{ pro: {{ limit: 5000 }} }} }}]
 "
     );
     let proxy = TestProxy::spawn(&yaml).await;
     let admin_addr = proxy.admin.unwrap();
+    let mut c = h1(admin_addr).await;
+    let put = http::Request::put("/api/overrides/items/203.0.113.9")
+        .header("host", "admin")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(full(r#"{"limit": 7, "ttl": "1h"}"#))
+        .unwrap();
+    assert_eq!(send1(&mut c, put).await.status, StatusCode::OK);
     let mut load = bounded_load(proxy.addr(), Instant::now() + Duration::from_secs(30));
 
     let mut browser = Browser::launch(1280, 1400).await;
@@ -432,6 +442,26 @@ routes:
         )
         .await;
     assert_eq!(tls, "plain", "a listener without TLS");
+    // The plans: the default one counting the clients' requests, pro's
+    // own numbers, and the override set above.
+    browser
+        .wait_for(
+            "(() => { const r = document.querySelector('#plans tr[data-plan=\"free\"]'); \
+             return r && Number(r.children[1].textContent) > 0; })()",
+            Duration::from_secs(10),
+        )
+        .await;
+    let pro = browser
+        .eval("document.querySelector('#plans tr[data-plan=\"pro\"]').textContent")
+        .await;
+    assert!(
+        pro.as_str().unwrap().contains("items 5000 per 60s"),
+        "{pro}"
+    );
+    let ov = browser
+        .eval("document.querySelector('#overrides tr[data-key=\"203.0.113.9\"]').textContent")
+        .await;
+    assert!(ov.as_str().unwrap().contains('7'), "{ov}");
     // Refreshes keep coming (every 2 s).
     let first = browser
         .eval("document.getElementById('updated').textContent")
