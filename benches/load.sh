@@ -46,6 +46,12 @@
 #       an nginx `http2` listener, nginx reaching it through `grpc_pass`,
 #       its only HTTP/2 client, tollgate with `protocol: h2`), each proxy
 #       keeping its upstream connections
+#   PLANS=1 bash benches/load.sh
+#       also runs the two tiers with a plan (the plan read from a header
+#       of a trusted peer, every limit with numbers of its own for it) and
+#       with a settled cost (a limit reserving 10 and settling what the
+#       upstream's x-tokens-used header says, 7), each next to the two
+#       tiers: the cost of a plan lookup and of a settlement
 #
 # The proxy under test runs alone on core 0 (`taskset`); the upstream,
 # Redis and wrk share core 1. Each proxy is measured on
@@ -86,6 +92,7 @@ SIDE_BY_SIDE=${SIDE_BY_SIDE:-}
 HEADS=${HEADS:-}
 TLS=${TLS:-}
 H2=${H2:-}
+PLANS=${PLANS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
 HEAD_FIELDS=(
@@ -154,6 +161,8 @@ http {
              location / { return 200 "ok\n"; } }
     server { listen 127.0.0.1:$((UP + 8)) http2; keepalive_requests 1000000;
              location / { return 200 "ok\n"; } }
+    server { listen 127.0.0.1:$((UP + 9)); keepalive_requests 1000000;
+             location / { add_header x-tokens-used 7; return 200 "ok\n"; } }
 }
 CONF
 # nginx, one worker: allow (a rate no run reaches) and reject (1 r/m, no
@@ -258,6 +267,21 @@ if [ -n "$H2" ]; then
     tollgate_config "$work/h2up.yaml" $((BASE_PORT + 19)) $((BASE_PORT + 59)) 100000000r/s no ""
     sed -i "s|127.0.0.1:$UP\"\]|127.0.0.1:$((UP + 8))\"], protocol: h2|" "$work/h2up.yaml"
 fi
+if [ -n "$PLANS" ]; then
+    # The two tiers, every limit with a plan of its own, the plan named by
+    # a header from a trusted peer (wrk sends x-plan: pro).
+    tollgate_config "$work/plans.yaml" $((BASE_PORT + 23)) $((BASE_PORT + 63)) 100000000r/s yes ""
+    sed -i 's/burst: 1000000, key: ip }/burst: 1000000, key: ip, plans: { pro: { rate: 900000\/s, burst: 900000 } } }/;
+            s/window: 1h, key: ip }/window: 1h, key: ip, plans: { pro: { limit: 900000000 } } }/' "$work/plans.yaml"
+    {
+        echo "client_ip: { trusted_proxies: [127.0.0.1/32] }"
+        echo "identity: { plans: { names: [free, pro], header: x-plan, default: free } }"
+    } >> "$work/plans.yaml"
+    # The two tiers, the short limit reserving 10 and settling the 7 the
+    # upstream reports.
+    tollgate_config "$work/settle.yaml" $((BASE_PORT + 24)) $((BASE_PORT + 64)) 100000000r/s yes ""
+    sed -i "s/burst: 1000000, key: ip }/burst: 1000000, key: ip, cost: 10, settle: { header: x-tokens-used } }/; s/127.0.0.1:$UP\"\]/127.0.0.1:$((UP + 9))\"]/" "$work/settle.yaml"
+fi
 cat > "$work/churn.lua" <<'LUA'
 counter = 0
 request = function()
@@ -292,6 +316,10 @@ if [ -n "$H2" ]; then
     TG_H2=$(start_tollgate "$TOLLGATE" "$work/h2.yaml"); pids+=("$TG_H2")
     TG_H2UP=$(start_tollgate "$TOLLGATE" "$work/h2up.yaml"); pids+=("$TG_H2UP")
 fi
+if [ -n "$PLANS" ]; then
+    TG_PLANS=$(start_tollgate "$TOLLGATE" "$work/plans.yaml"); pids+=("$TG_PLANS")
+    TG_SETTLE=$(start_tollgate "$TOLLGATE" "$work/settle.yaml"); pids+=("$TG_SETTLE")
+fi
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -305,6 +333,16 @@ if [ -n "$TLS" ]; then
         curl -fsS --cacert "$work/cert.pem" "https://localhost:$port/" >/dev/null ||
             { echo "load.sh: nothing answers over TLS on $port" >&2; cat "$work"/*.log "$work/nginx-tls.err" >&2; exit 1; }
     done
+fi
+if [ -n "$PLANS" ]; then
+    for port in $((BASE_PORT + 23)) $((BASE_PORT + 24)); do
+        curl -fsS -H "x-plan: pro" "http://127.0.0.1:$port/" >/dev/null ||
+            { echo "load.sh: nothing answers on $port" >&2; cat "$work"/*.log >&2; exit 1; }
+    done
+    # The plan is taken (the headers advertise pro's numbers), the cost
+    # settled (the token bucket's remaining moves by 7, not 10).
+    curl -fsS -D - -o /dev/null -H "x-plan: pro" "http://127.0.0.1:$((BASE_PORT + 23))/" | grep -qi '^ratelimit-policy: "short";q=900000' ||
+        { echo "load.sh: the plan run does not decide on its plan" >&2; exit 1; }
 fi
 if [ -n "$H2" ]; then
     for port in $((BASE_PORT + 4)) $((BASE_PORT + 17)) $((BASE_PORT + 7)) $((BASE_PORT + 19)); do
@@ -357,6 +395,7 @@ measure() { # name conns port pids... -> sets $line and $stolen
     shift 3
     local -a fields=()
     [[ $name == *-heads ]] && fields=("${HEAD_FIELDS[@]}")
+    [[ $name == *-plans ]] && fields=(-H "x-plan: pro")
     local scheme=http
     [[ $name == *-tls ]] && scheme=https
     local -a load=(on_core1 wrk -t1 -c"$conns")
@@ -467,6 +506,12 @@ plan=(
     "nginx-allow-tls $((BASE_PORT + 3)) $NGINX_TLS_PIDS"
     "tollgate-allow-tls $((BASE_PORT + 16)) $TG_TLS"
 )
+# PLANS=1: the plan and the settlement runs just before the two tiers.
+[ -n "$PLANS" ] && plan=(
+    "tollgate-settle $((BASE_PORT + 24)) $TG_SETTLE"
+    "tollgate-plans $((BASE_PORT + 23)) $TG_PLANS"
+    "${plan[@]}"
+)
 [ -n "$H2" ] && plan+=(
     "nginx-allow-h2 $((BASE_PORT + 4)) $NGINX_H2_PIDS"
     "tollgate-allow-h2 $((BASE_PORT + 17)) $TG_H2"
@@ -531,6 +576,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$HEADS" ] && names="$names nginx-allow-heads tollgate-allow-heads"
 [ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
 [ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2 nginx-allow-h2up tollgate-allow-h2up"
+[ -n "$PLANS" ] && names="$names tollgate-plans tollgate-settle"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -594,6 +640,12 @@ if [ -n "$H2" ]; then
     compare "HTTP/2 both legs: user CPU per request vs nginx" tollgate-allow-h2up nginx-allow-h2up 8
     compare "HTTP/2 both legs: p99 vs nginx" tollgate-allow-h2up nginx-allow-h2up 6
     compare "HTTP/2 both legs: throughput vs nginx" tollgate-allow-h2up nginx-allow-h2up 4
+fi
+if [ -n "$PLANS" ]; then
+    compare "plan lookup: CPU per request vs two tiers" tollgate-plans tollgate-two-tiers 7
+    compare "plan lookup: throughput vs two tiers" tollgate-plans tollgate-two-tiers 4
+    compare "settlement: CPU per request vs two tiers" tollgate-settle tollgate-two-tiers 7
+    compare "settlement: throughput vs two tiers" tollgate-settle tollgate-two-tiers 4
 fi
 if [ -n "$SIDE_BY_SIDE" ]; then
     compare "side by side: CPU per request vs nginx" together-tollgate-allow together-nginx-allow 7

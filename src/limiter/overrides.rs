@@ -147,13 +147,20 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// The override of `key` under the limit `limit` live at `now_ms`,
-    /// and the version of the table it was read from.
-    pub fn lookup(&self, limit: &str, key: &str, now_ms: u64) -> (Option<Numbers>, u64) {
+    /// The override of `key` under the limit `limit` live at `now_ms`
+    /// (asked only when there are overrides), and the version of the table
+    /// it was read from.
+    pub fn lookup(
+        &self,
+        limit: &str,
+        key: &str,
+        now_ms: impl FnOnce() -> u64,
+    ) -> (Option<Numbers>, u64) {
         let state = self.state.load(Ordering::Acquire);
         if state & 1 == 0 {
             return (None, state >> 1);
         }
+        let now_ms = now_ms();
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
         let found = table
             .get(limit)
@@ -294,7 +301,7 @@ mod tests {
     #[test]
     fn a_lookup_sees_live_overrides_and_the_version_moves() {
         let o = Overrides::default();
-        assert_eq!(o.lookup("api", "user:a", 0), (None, 0));
+        assert_eq!(o.lookup("api", "user:a", || 0), (None, 0));
         let n = Numbers {
             limit: Some(5),
             ..Numbers::default()
@@ -307,11 +314,11 @@ mod tests {
                 expires_ms: Some(1000),
             }),
         );
-        assert_eq!(o.lookup("api", "user:a", 999), (Some(n), 1));
-        assert_eq!(o.lookup("api", "user:a", 1000), (None, 1), "expired");
-        assert_eq!(o.lookup("api", "user:b", 0), (None, 1));
+        assert_eq!(o.lookup("api", "user:a", || 999), (Some(n), 1));
+        assert_eq!(o.lookup("api", "user:a", || 1000), (None, 1), "expired");
+        assert_eq!(o.lookup("api", "user:b", || 0), (None, 1));
         assert!(o.put("api", "user:a", None));
-        assert_eq!(o.lookup("api", "user:a", 0), (None, 2));
+        assert_eq!(o.lookup("api", "user:a", || 0), (None, 2));
         assert!(o.list(0).is_empty());
     }
 }

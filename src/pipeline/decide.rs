@@ -281,7 +281,6 @@ fn choose(
     cx: &Ctx<'_>,
 ) -> SmallVec<[(Choice, u64); 4]> {
     let overrides = engine.overrides();
-    let mut now = None;
     batch
         .items
         .iter()
@@ -302,7 +301,7 @@ fn choose(
                 .plan
                 .map(usize::from)
                 .filter(|&p| l.plans.get(p).is_some_and(Option::is_some));
-            let now = *now.get_or_insert_with(|| engine.clock().unix_ms());
+            let now = || engine.clock().unix_ms();
             if let (Some(numbers), _) = overrides.lookup(&l.limit.name, batch.key(item.key), now) {
                 match numbers.apply(&l.limit.algorithm) {
                     Ok(a) => {
