@@ -138,7 +138,9 @@ impl Engine {
         value: Option<Override>,
     ) -> Result<bool, LimiterError> {
         match &self.redis {
-            None => Ok(self.overrides.put(limit, key, value)),
+            None => Ok(self
+                .overrides
+                .put(limit, key, value, self.clock().unix_ms())),
             Some(redis) => {
                 let had = redis.put_override(limit, key, value.as_ref()).await?;
                 self.refresh_overrides().await?;

@@ -185,9 +185,13 @@ impl Overrides {
     }
 
     /// Sets (`Some`) or deletes one override here (the memory store's
-    /// table); whether one was there before.
-    pub fn put(&self, limit: &str, key: &str, value: Option<Override>) -> bool {
+    /// table), and forgets those expired at `now_ms`; whether one was
+    /// there before.
+    pub fn put(&self, limit: &str, key: &str, value: Option<Override>, now_ms: u64) -> bool {
         let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        for keys in t.values_mut() {
+            keys.retain(|_, o| o.live(now_ms));
+        }
         let before = match value {
             Some(o) => t
                 .entry(Arc::from(limit))
@@ -313,11 +317,12 @@ mod tests {
                 numbers: n,
                 expires_ms: Some(1000),
             }),
+            0,
         );
         assert_eq!(o.lookup("api", "user:a", || 999), (Some(n), 1));
         assert_eq!(o.lookup("api", "user:a", || 1000), (None, 1), "expired");
         assert_eq!(o.lookup("api", "user:b", || 0), (None, 1));
-        assert!(o.put("api", "user:a", None));
+        assert!(o.put("api", "user:a", None, 0));
         assert_eq!(o.lookup("api", "user:a", || 0), (None, 2));
         assert!(o.list(0).is_empty());
     }

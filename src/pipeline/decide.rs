@@ -152,24 +152,34 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
     // cost, chosen again when another replica changed the overrides since
     // (Redis says so: `Stale`); the third time without the version check.
     let mut tries = 0;
-    let (choices, outcome, version) = loop {
+    loop {
         let version = (tries < 2).then(|| engine.overrides().version());
         let choices = choose(engine, zones, route, &batch, cx);
-        let decided = {
-            let checks = checks(zones, route, &batch, &choices, version);
-            engine.decide(&checks).await
-        };
-        match decided {
+        let checks = checks(zones, route, &batch, &choices, version);
+        match engine.decide(&checks).await {
             Err(LimiterError::Stale) => tries += 1,
             decided => {
                 let outcome = decided.map_err(ProxyError::LimitUnavailable)?;
-                break (choices, outcome, version);
+                return apply(engine, zones, cx, &batch, &checks, &outcome).await;
             }
         }
-    };
-    let checks = checks(zones, route, &batch, &choices, version);
+    }
+}
+
+/// What the store decided for `checks` (the checks of `batch`): route
+/// decisions and reservations into `cx`, the zone delay slept, or the
+/// rejection.
+async fn apply(
+    engine: &Engine,
+    zones: &[ZoneConfig],
+    cx: &mut Ctx<'_>,
+    batch: &Batch,
+    checks: &[Check<'_>],
+    outcome: &crate::limiter::Outcome,
+) -> Result<(), Stop> {
+    let route = cx.route;
     let mut delay = 0;
-    for (start, group, decided) in outcome.decided_groups(&checks) {
+    for (start, group, decided) in outcome.decided_groups(checks) {
         let items = &batch.items[start..start + group.len()];
         if let (Some(route), Origin::Route(_)) = (route, items[0].origin) {
             for (k, (item, d)) in items.iter().zip(decided).enumerate() {

@@ -328,12 +328,47 @@ async fn an_override_set_on_one_replica_holds_on_the_other_at_the_next_request()
         assert_eq!(got.status, status, "{path} {body}");
         assert!(got.json()["detail"].is_string());
     }
-    assert!(
-        admin_call(&a, "GET", "/api/overrides", None).await.json()["overrides"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
+    let listed = |p: &TestProxy| {
+        let admin = p.admin;
+        async move {
+            let mut c = h1(admin.expect("admin listener")).await;
+            let req = Request::get("/api/overrides")
+                .header("host", "admin")
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(empty())
+                .unwrap();
+            send1(&mut c, req).await.json()["overrides"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(listed(&a).await, 0);
+    // An expired override is dropped from Redis at the next change.
+    let short = admin_call(
+        &a,
+        "PUT",
+        "/api/overrides/api/user:jwt:short",
+        Some(r#"{"limit": 3, "ttl": "1s"}"#),
+    )
+    .await;
+    assert_eq!(short.status, StatusCode::OK);
+    assert_eq!(listed(&b).await, 1);
+    until(Duration::from_secs(5), "the override to expire", || async {
+        listed(&b).await == 0
+    })
+    .await;
+    admin_call(
+        &a,
+        "PUT",
+        "/api/overrides/api/user:jwt:kept",
+        Some(r#"{"limit": 3}"#),
+    )
+    .await;
+    let Store::Redis(redis) = &store else {
+        unreachable!()
+    };
+    assert_eq!(redis.cli(&["HLEN", "tollgate:{overrides}"]), "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

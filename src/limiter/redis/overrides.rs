@@ -14,9 +14,20 @@ pub(super) fn overrides_keys(prefix: &str) -> (String, String) {
 
 const PUT_OVERRIDE: &str = "
 -- KEYS: the overrides hash, its version. ARGV: field, value ('' deletes).
+-- Overrides past their expiry (Redis time) are dropped on the way.
 local had
 if ARGV[2] == '' then had = redis.call('HDEL', KEYS[1], ARGV[1])
 else had = 1 - redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, o = pcall(cjson.decode, all[i + 1])
+  if ok and type(o) == 'table' and type(o.expires_ms) == 'number' and o.expires_ms <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+    if all[i] == ARGV[1] then had = 0 end
+  end
+end
 redis.call('INCR', KEYS[2])
 return had
 ";
