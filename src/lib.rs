@@ -15,14 +15,16 @@
 //!   -> pipeline::bypass      bypass paths / tokens / sources, webhook sources
 //!   -> pipeline::zones       tier 1 keyed by ip / header / global: counts
 //!                            every request, before any credential
-//!   -> pipeline::identity    verified JWT claim or API-key hash -> user
+//!   -> pipeline::identity    verified JWT claim or API-key hash -> user, plan
 //!   -> pipeline::webhook     only_allowed_sources (403); signature checks
 //!   -> pipeline::limits      tier 2 route limits + zones keyed by user
-//!      (pipeline::decide: the store call both tiers make; pipeline::key
-//!       builds rate-limit keys from the client and identity)
+//!      (pipeline::decide: the store call both tiers make, each limit's
+//!       numbers chosen by plan or override; pipeline::key builds
+//!       rate-limit keys from the client and identity)
 //!   -> pipeline::proxy       the upstream request: headers, Host, body;
 //!      (pipeline::upstream: pooled keep-alive, round robin, timeouts)
 //!   -> pipeline::response    429s, problem bodies, RateLimit headers
+//!      (pipeline::settle: reserved costs settled from the answer)
 //!      (pipeline::record: the access log and in-flight count, settled
 //!       when the response body ends; pipeline::ctx: what a request
 //!       carries between stages)
