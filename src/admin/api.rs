@@ -117,7 +117,7 @@ pub fn limits(p: &Pipeline) -> Reply {
             o["plans"] = plans_json(p, &v);
             o["settle"] = match v.settle {
                 None => Value::Null,
-                Some(s) => json!(settle_source(s)),
+                Some(s) => json!(s.from.to_string()),
             };
             o
         })
@@ -146,16 +146,6 @@ fn plans_json(p: &Pipeline, v: &LimitView<'_>) -> Value {
             })
         })
         .collect()
-}
-
-/// Where a limit reads its settled cost: `header x-tokens`.
-pub(super) fn settle_source(s: &crate::config::Settle) -> String {
-    use crate::config::SettleFrom;
-    match &s.from {
-        SettleFrom::Header(h) => format!("header {h}"),
-        SettleFrom::Trailer(t) => format!("trailer {t}"),
-        SettleFrom::Event(path) => format!("event {}", path.join(".")),
-    }
 }
 
 fn key_kind(k: &crate::config::KeyKind) -> String {

@@ -28,6 +28,34 @@ use crate::error::ConfigError;
 
 pub use crate::error::Problem;
 
+/// A route limit in `check`'s summary: its name, and its plans, cost and
+/// settlement when it has them ("tokens (cost 2000, settles from event
+/// usage.total_tokens)").
+fn describe_limit(l: &RouteLimit) -> String {
+    let mut notes = Vec::new();
+    if l.plans.iter().any(Option::is_some) {
+        notes.push("plans".to_owned());
+    }
+    if l.cost != 1 || l.cost_from.is_some() {
+        notes.push(format!(
+            "cost {}{}",
+            l.cost,
+            if l.cost_from.is_some() {
+                " or read"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(settle) = &l.settle {
+        notes.push(format!("settles from {}", settle.from));
+    }
+    match notes.is_empty() {
+        true => l.limit.name.to_string(),
+        false => format!("{} ({})", l.limit.name, notes.join(", ")),
+    }
+}
+
 impl Config {
     /// Reads and validates a file, taking `${VAR}` from the process environment.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
@@ -122,6 +150,28 @@ impl Config {
                 parts.join(", "),
                 id.on_invalid
             );
+            if let Some(p) = &id.plans {
+                let names: Vec<&str> = p.names.iter().map(|n| &**n).collect();
+                let mut from: Vec<String> = Vec::new();
+                from.extend(p.claim.as_ref().map(|c| format!("claim {c}")));
+                if !id.key_plans.is_empty() {
+                    from.push(format!("api key metadata ({} keys)", id.key_plans.len()));
+                }
+                from.extend(
+                    p.header
+                        .as_ref()
+                        .map(|h| format!("header {h} (trusted proxies)")),
+                );
+                let default = p
+                    .default
+                    .map_or("the limits' own", |d| &*p.names[usize::from(d)]);
+                let _ = writeln!(
+                    s,
+                    "plans:     {} from {}; default {default}",
+                    names.join(", "),
+                    from.join(", then ")
+                );
+            }
         }
         for z in &self.zones {
             let (q, _) = z.limit.algorithm.policy();
@@ -175,7 +225,7 @@ impl Config {
             };
             let mut extra = String::new();
             if !r.limits.is_empty() {
-                let names: Vec<&str> = r.limits.iter().map(|l| &*l.limit.name).collect();
+                let names: Vec<String> = r.limits.iter().map(describe_limit).collect();
                 extra.push_str(&format!("  limits: {}", names.join(", ")));
             }
             if r.zones.len() != self.zones.len() {

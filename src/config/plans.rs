@@ -359,3 +359,35 @@ routes:
         );
     }
 }
+
+#[cfg(test)]
+mod summary {
+    #[test]
+    fn check_says_where_plans_come_from_and_what_a_limit_settles() {
+        let c = crate::Config::from_yaml(
+            "listeners: [{ bind: '127.0.0.1:0' }]
+client_ip: { trusted_proxies: [10.0.0.0/8] }
+identity:
+  jwt: { algorithms: [HS256], secret: '0123456789abcdef0123456789abcdef' }
+  plans: { names: [free, pro], claim: plan, header: x-plan }
+routes:
+  - match: { path_prefix: / }
+    respond: {}
+    limits:
+      - { name: calls, algorithm: fixed_window, limit: 10, window: 1m, plans: { pro: { limit: 99 } } }
+      - { name: tokens, algorithm: gcra, rate: 100/s, burst: 500, cost: 50, settle: { trailer: x-used } }
+",
+            &|_| None,
+        )
+        .unwrap();
+        let s = c.summary();
+        assert!(
+            s.contains("plans:     free, pro from claim plan, then header x-plan (trusted proxies); default the limits' own"),
+            "{s}"
+        );
+        assert!(
+            s.contains("limits: calls (plans), tokens (cost 50, settles from trailer x-used)"),
+            "{s}"
+        );
+    }
+}

@@ -502,51 +502,20 @@ impl Pipeline {
                         self.body_read_timeout,
                     )
                     .await;
-                    match forwarded {
-                        Ok(resp) => resp,
-                        Err(e) => {
-                            let reserved = self.reserved(cx, route);
-                            if !reserved.is_empty() {
-                                settle::failed(
-                                    &self.engine,
-                                    &self.metrics,
-                                    self.engine.clock(),
-                                    reserved,
-                                )
-                                .await;
-                            }
-                            return Err(e.into());
-                        }
+                    if forwarded.is_err() {
+                        self.settle(cx, route, None).await;
                     }
+                    forwarded?
                 }
             },
         };
-        if !cx.reserved.is_empty() {
-            let reserved = self.reserved(cx, route);
-            cx.end.watch = settle::after_head(
-                &self.engine,
-                &self.metrics,
-                self.engine.clock(),
-                reserved,
-                resp.headers(),
-            )
-            .await;
-        }
+        self.settle(cx, route, Some(resp.headers())).await;
         if !cx.deferred.is_empty() {
             let status = resp.status().as_u16();
             decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
         }
         response::limit_headers(&mut resp, cx.route, &cx.applied);
         Ok(resp)
-    }
-
-    /// The request's reservations, their limits' metrics indexes made whole.
-    fn reserved(&self, cx: &mut Ctx<'_>, route: &RouteConfig) -> Vec<settle::Reserved> {
-        let mut reserved = std::mem::take(&mut cx.reserved);
-        for r in &mut reserved {
-            r.metric += self.limit_base[route.index];
-        }
-        reserved
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {

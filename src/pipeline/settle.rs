@@ -244,6 +244,34 @@ impl Watch {
     }
 }
 
+impl super::Pipeline {
+    /// Settles what the request reserved, if anything: from the answer's
+    /// head (`None`: the upstream failed before one), or, for a trailer or
+    /// an event, when its body ends.
+    pub(super) async fn settle(
+        &self,
+        cx: &mut super::ctx::Ctx<'_>,
+        route: &crate::config::RouteConfig,
+        head: Option<&HeaderMap>,
+    ) {
+        if cx.reserved.is_empty() {
+            return;
+        }
+        let mut reserved = std::mem::take(&mut cx.reserved);
+        for r in &mut reserved {
+            // (the route limit's index made the limit's metrics index)
+            r.metric += self.limit_base[route.index];
+        }
+        let clock = self.engine.clock();
+        match head {
+            None => failed(&self.engine, &self.metrics, clock, reserved).await,
+            Some(h) => {
+                cx.end.watch = after_head(&self.engine, &self.metrics, clock, reserved, h).await;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,3 +53,14 @@ pub enum OnSettleFailure {
     /// All of it is given back.
     Refund,
 }
+
+/// `header x-tokens-used`, `trailer x-tokens-used`, `event usage.total_tokens`.
+impl std::fmt::Display for SettleFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettleFrom::Header(h) => write!(f, "header {h}"),
+            SettleFrom::Trailer(t) => write!(f, "trailer {t}"),
+            SettleFrom::Event(path) => write!(f, "event {}", path.join(".")),
+        }
+    }
+}
