@@ -185,7 +185,8 @@ pub async fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Repl
     let ttl = o
         .expires_ms
         .map(|e| e.saturating_sub(engine.clock().unix_ms()) / 1000);
-    if let Err(e) = engine.put_override(&limit, &key, Some(o)).await {
+    let limits: Vec<_> = views.iter().map(|v| v.limit).collect();
+    if let Err(e) = engine.put_override(&limits, &key, Some(o)).await {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the rate-limit store cannot answer: {e}"),
@@ -200,11 +201,12 @@ pub async fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Repl
 
 /// `DELETE /api/overrides/<limit>/<key>`.
 pub async fn delete(rest: &str, p: &Pipeline, caller: &Caller) -> Reply {
-    let (limit, key, _) = match target(p, rest) {
+    let (limit, key, views) = match target(p, rest) {
         Ok(t) => t,
         Err(reply) => return reply,
     };
-    match p.engine().put_override(&limit, &key, None).await {
+    let limits: Vec<_> = views.iter().map(|v| v.limit).collect();
+    match p.engine().put_override(&limits, &key, None).await {
         Ok(true) => {
             tracing::info!(limit = %limit, key = %display(&key), by = %caller, "admin: override deleted");
             (

@@ -128,22 +128,30 @@ impl Engine {
         Ok(())
     }
 
-    /// Sets (`Some`) or deletes the override of `key` under the limit
-    /// named `limit`, in the store every replica reads; whether one was
-    /// there before.
+    /// Sets (`Some`) or deletes the override of `key` under the limits
+    /// `limits` (every limit of one name), in the store every replica
+    /// reads; whether one was there before. Every replica forgets its
+    /// cached rejections of the key under them (`store.cache_rejections`),
+    /// so the new numbers hold at once there too.
     pub async fn put_override(
         &self,
-        limit: &str,
+        limits: &[&Limit],
         key: &str,
         value: Option<Override>,
     ) -> Result<bool, LimiterError> {
+        let Some(name) = limits.first().map(|l| l.name.clone()) else {
+            return Ok(false);
+        };
         match &self.redis {
             None => Ok(self
                 .overrides
-                .put(limit, key, value, self.clock().unix_ms())),
+                .put(&name, key, value, self.clock().unix_ms())),
             Some(redis) => {
-                let had = redis.put_override(limit, key, value.as_ref()).await?;
+                let had = redis.put_override(&name, key, value.as_ref()).await?;
                 self.refresh_overrides().await?;
+                for limit in limits {
+                    redis.forget_cached(limit, key).await;
+                }
                 Ok(had)
             }
         }

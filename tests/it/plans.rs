@@ -395,6 +395,47 @@ async fn an_override_set_on_one_replica_holds_on_the_other_at_the_next_request()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_clears_cached_rejections_on_every_replica() {
+    // With store.cache_rejections, a replica refuses a key Redis refused
+    // until its retry time (here the end of an hour's window) without
+    // asking Redis.
+    let store = Store::Redis(RedisServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let routes = "routes:
+  - match: { path_prefix: / }
+    respond: { body: ok }
+    limits:
+      - { name: api, algorithm: fixed_window, limit: 10, window: 1h, cost: { claim: cost, max: 10 } }
+";
+    let yaml = plans_config(&store, &dir, routes)
+        .replace("timeout: 2s }", "timeout: 2s, cache_rejections: true }");
+    assert!(yaml.contains("cache_rejections: true"));
+    let a = TestProxy::spawn(&yaml).await;
+    let b = TestProxy::spawn(&yaml).await;
+    // Calls of 6 units: the first fits 10, the second is refused (and
+    // cached on B).
+    let t = format!("Bearer {}", jwt("ivy", None, Some(6)));
+    let auth = [("authorization", t.as_str())];
+    assert_eq!(admitted(b.addr(), "127.0.0.1", &auth).await.0, 1);
+    // 100: 6 of 10 used is 60 of 100, so a call of 6 fits again. B forgets
+    // its cached refusal (told through Redis) and asks Redis.
+    let set = admin_call(
+        &a,
+        "PUT",
+        "/api/overrides/api/user:jwt:ivy",
+        Some(r#"{"limit": 100}"#),
+    )
+    .await;
+    assert_eq!(set.status, StatusCode::OK);
+    until(
+        Duration::from_secs(5),
+        "B to admit ivy under the override",
+        || async { get_from("127.0.0.1", b.addr(), "/", &auth).await.status == StatusCode::OK },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_on_the_memory_store_expires_and_survives_a_reload() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tollgate.yaml");

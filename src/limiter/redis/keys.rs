@@ -37,6 +37,14 @@ impl RedisStore {
     ) -> Result<bool, LimiterError> {
         let rkey = self.key(&Check::new(limit, key, 1));
         let deleted: i64 = self.command(redis::cmd("DEL").arg(&rkey)).await?;
+        self.forget_cached(limit, key).await;
+        Ok(deleted > 0)
+    }
+
+    /// Forgets a rejection of `key` under `limit` that this replica's
+    /// cache holds, and tells the other replicas to forget theirs (a
+    /// reset, an override that changes the key's numbers).
+    pub async fn forget_cached(&self, limit: &crate::limiter::Limit, key: &str) {
         if let Some(cache) = &self.cache {
             cache.forget(&self.suffixes[limit.zone], key);
             let channel = resets::channel(&self.prefix);
@@ -49,7 +57,6 @@ impl RedisStore {
                 tracing::warn!(error = %e, %channel, "rate-limit store: could not publish a reset; other replicas refuse the key from their caches until its retry time (may the Redis user publish to this channel?)");
             }
         }
-        Ok(deleted > 0)
     }
 
     /// One command on the shared connection, bounded by `timeout`; a
