@@ -232,10 +232,21 @@ async fn each<'p>(
     for (label, view, key) in &req.found {
         let mut o = label_json(label);
         o["key"] = json!(display(key));
+        // A key with an override is read under its own numbers.
+        let now = || p.engine().clock().unix_ms();
+        let overridden = p
+            .engine()
+            .overrides()
+            .lookup(&view.limit.name, key, now)
+            .0
+            .and_then(|n| n.apply(&view.limit.algorithm).ok())
+            .map(|a| view.limit.with_numbers(a));
+        let limit = overridden.as_ref().unwrap_or(view.limit);
         let had_state = match op {
-            Op::Read => match p.engine().inspect(view.limit, key).await {
+            Op::Read => match p.engine().inspect(limit, key).await {
                 Ok(Some(d)) => {
                     state_json(&mut o, &d);
+                    o["override"] = json!(overridden.is_some());
                     true
                 }
                 Ok(None) => false,

@@ -10,8 +10,8 @@
 //!   limit's own numbers.
 //!
 //! Keys are written as `/api/keys` takes them (`user:42`, `203.0.113.7`);
-//! an override applies to every limit of that name. Changes are logged
-//! with who made them.
+//! an override applies to every zone or route limit of that name. Changes
+//! are logged with who made them.
 
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -131,12 +131,12 @@ fn target<'p>(p: &'p Pipeline, rest: &str) -> Result<(String, String, Vec<LimitV
     let views: Vec<LimitView<'p>> = p
         .limit_views()
         .into_iter()
-        .filter(|v| &*v.limit.name == limit.as_str() && v.route_limit)
+        .filter(|v| &*v.limit.name == limit.as_str())
         .collect();
     if views.is_empty() {
         return Err(problem(
             StatusCode::NOT_FOUND,
-            format!("no route limit named \"{limit}\"; GET /api/limits lists them"),
+            format!("no limit named \"{limit}\"; GET /api/limits lists them"),
         ));
     }
     let mut bucket: Option<String> = None;

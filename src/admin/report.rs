@@ -16,8 +16,8 @@ pub struct LimitView<'a> {
     /// The policy as configured (`10r/s burst 20`, `5 per 1m (sliding_log)`).
     pub spec: String,
     pub dry_run: bool,
-    /// A route limit (not a zone); its route, and its numbers per plan.
-    pub route_limit: bool,
+    /// The route of a route limit (`-` for a zone), and its numbers per
+    /// plan.
     pub route: &'a str,
     pub plans: Vec<(usize, &'a crate::limiter::Limit)>,
     pub settle: Option<&'a crate::config::Settle>,
@@ -42,7 +42,6 @@ impl Pipeline {
                 _ => z.rate_text.to_string(),
             },
             dry_run: z.dry_run,
-            route_limit: false,
             route: "-",
             plans: Vec::new(),
             settle: None,
@@ -53,7 +52,6 @@ impl Pipeline {
                 key: &l.key,
                 spec: l.description.to_string(),
                 dry_run: l.dry_run,
-                route_limit: true,
                 route: &r.name,
                 plans: l
                     .plans

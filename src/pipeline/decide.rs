@@ -253,13 +253,13 @@ async fn apply(
                     }
                     (Origin::Zone(z), _) => {
                         let zone = &zones[z];
-                        rejected(
-                            &zone.limit.name,
-                            &zone.rate_text,
-                            retry_ms,
-                            zone.status,
-                            false,
-                        )
+                        // A plan's or an override's numbers say their own.
+                        let chosen = &checks[start + worst].limit;
+                        let described = match chosen.base {
+                            None => zone.rate_text.clone(),
+                            Some(_) => Arc::from(describe(&chosen.algorithm, "requests")),
+                        };
+                        rejected(&zone.limit.name, &described, retry_ms, zone.status, false)
                     }
                     (Origin::Route(_), None) => continue,
                 };
@@ -295,35 +295,29 @@ fn choose(
         .items
         .iter()
         .map(|item| {
-            let (Origin::Route(i), Some(r)) = (item.origin, route) else {
-                // A zone keyed by user may have numbers per plan.
-                let Origin::Zone(z) = item.origin else {
-                    return (Choice::Own, 1);
-                };
-                return match cx.plan.map(usize::from) {
-                    Some(p) if zones[z].plans.get(p).is_some_and(Option::is_some) => (Choice::Plan(p), 1),
-                    _ => (Choice::Own, 1),
-                };
+            let (limit, plans, cost) = match (item.origin, route) {
+                (Origin::Zone(z), _) => (&zones[z].limit, &zones[z].plans[..], 1),
+                (Origin::Route(i), Some(r)) => {
+                    let l = &r.limits[i];
+                    (&l.limit, &l.plans[..], item.cost.unwrap_or(l.cost))
+                }
+                (Origin::Route(_), None) => return (Choice::Own, 1),
             };
-            let l = &r.limits[i];
-            let cost = item.cost.unwrap_or(l.cost);
-            let plan = cx
-                .plan
-                .map(usize::from)
-                .filter(|&p| l.plans.get(p).is_some_and(Option::is_some));
             let now = || engine.clock().unix_ms();
-            if let (Some(numbers), _) = overrides.lookup(&l.limit.name, batch.key(item.key), now) {
-                match numbers.apply(&l.limit.algorithm) {
+            if let (Some(numbers), _) = overrides.lookup(&limit.name, batch.key(item.key), now) {
+                match numbers.apply(&limit.algorithm) {
                     Ok(a) => {
-                        let limit = l.limit.with_numbers(a);
+                        let limit = limit.with_numbers(a);
                         return (Choice::Override(Box::new(limit)), cost);
                     }
-                    Err(e) => tracing::warn!(limit = %l.limit.name, error = %e, "an override does not fit this limit; its own numbers apply"),
+                    Err(e) => tracing::warn!(limit = %limit.name, error = %e, "an override does not fit this limit; its own numbers apply"),
                 }
             }
-            match plan {
-                Some(p) => (Choice::Plan(p), cost),
-                None => (Choice::Own, cost),
+            // (a zone has plans only when keyed by user: decided after
+            // the identity, which found the plan)
+            match cx.plan.map(usize::from) {
+                Some(p) if plans.get(p).is_some_and(Option::is_some) => (Choice::Plan(p), cost),
+                _ => (Choice::Own, cost),
             }
         })
         .collect()
@@ -343,8 +337,9 @@ fn checks<'a>(
             (Origin::Zone(z), _) => {
                 let zone = &zones[z];
                 match choice {
+                    Choice::Own => (&zone.limit, false),
                     Choice::Plan(p) => (zone.plans[*p].as_ref().unwrap_or(&zone.limit), false),
-                    _ => (&zone.limit, false),
+                    Choice::Override(o) => (&**o, false),
                 }
             }
             (Origin::Route(i), Some(r)) => {

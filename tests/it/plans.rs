@@ -817,3 +817,48 @@ fn the_readme_plans_example_is_a_valid_config() {
         panic!("the README's plans example does not load: {e}\n{yaml}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_raises_a_zone_for_one_address() {
+    for store in stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let routes = "zones: [{ name: per_ip, rate: 1r/m, burst: 1, nodelay: true }]
+routes:
+  - match: { path_prefix: / }
+    respond: { body: ok }
+";
+        let proxy = TestProxy::spawn(&plans_config(&store, &dir, routes)).await;
+        // A partner behind one address gets a bigger burst; everyone else
+        // keeps the zone's 2.
+        let set = admin_call(
+            &proxy,
+            "PUT",
+            "/api/overrides/per_ip/127.0.0.7",
+            Some(r#"{"burst": 5}"#),
+        )
+        .await;
+        assert_eq!(set.status, StatusCode::OK, "{:?}", set.body);
+        let count = |from: &'static str| {
+            let addr = proxy.addr();
+            async move {
+                for n in 0..20 {
+                    let got = get_from(from, addr, "/", &[]).await;
+                    if got.status == StatusCode::TOO_MANY_REQUESTS {
+                        return (n, got.json()["detail"].as_str().unwrap().to_owned());
+                    }
+                }
+                (20, String::new())
+            }
+        };
+        let (partner, detail) = count("127.0.0.7").await;
+        assert_eq!(partner, 6);
+        assert!(detail.contains("burst 5"), "{detail}");
+        assert_eq!(count("127.0.0.8").await.0, 2);
+        // The admin API reads the key under its override.
+        let state = admin_call(&proxy, "GET", "/api/keys/per_ip/127.0.0.7", None)
+            .await
+            .json();
+        assert_eq!(state["states"][0]["quota"], 6);
+        assert_eq!(state["states"][0]["override"], true);
+    }
+}
