@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use jsonwebtoken::{encode, EncodingKey, Header};
 use tokio::net::TcpListener;
 
-use crate::common::redis::RedisServer;
+use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::*;
 
 const SECRET: &str = "plans-test-secret-0123456789abcdef";
@@ -51,6 +51,7 @@ fn sha256_hex(s: &str) -> String {
 enum Store {
     Memory,
     Redis(RedisServer),
+    Cluster(RedisCluster),
 }
 
 impl Store {
@@ -58,6 +59,10 @@ impl Store {
         match self {
             Store::Memory => String::new(),
             Store::Redis(r) => r.store_yaml(""),
+            Store::Cluster(c) => format!(
+                "store: {{ kind: redis_cluster, nodes: {}, timeout: 2s }}",
+                c.seeds()
+            ),
         }
     }
 }
@@ -138,7 +143,7 @@ async fn plans_come_from_a_claim_a_key_file_or_a_trusted_header() {
         // On Redis two replicas share the limits: requests take turns.
         let second = match store {
             Store::Memory => None,
-            Store::Redis(_) => Some(TestProxy::spawn(&yaml).await),
+            _ => Some(TestProxy::spawn(&yaml).await),
         };
         let addr: Vec<SocketAddr> = std::iter::once(proxy.addr())
             .chain(second.as_ref().map(TestProxy::addr))
@@ -602,8 +607,8 @@ async fn llm() -> SocketAddr {
 /// is 1000 tokens an hour per key, 100 reserved per call.
 fn llm_config(store: &Store, upstream: SocketAddr, extra_store: &str) -> String {
     let store = match store {
-        Store::Memory => String::new(),
         Store::Redis(r) => r.store_yaml(extra_store),
+        other => other.yaml(),
     };
     let route = |path: &str, settle: &str| {
         let name = &path[1..];
@@ -715,7 +720,7 @@ async fn concurrent_expensive_calls_overshoot_only_by_their_settled_extra() {
         let a = TestProxy::spawn(&yaml).await;
         let b = match store {
             Store::Memory => None,
-            Store::Redis(_) => Some(TestProxy::spawn(&yaml).await),
+            _ => Some(TestProxy::spawn(&yaml).await),
         };
         let b = b.as_ref().unwrap_or(&a);
         // 30 calls at once, each really costing 150 of the 1000 and taking
@@ -861,4 +866,37 @@ routes:
         assert_eq!(state["states"][0]["quota"], 6);
         assert_eq!(state["states"][0]["override"], true);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_override_reaches_the_other_replica_within_a_second() {
+    let store = Store::Cluster(RedisCluster::start());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = plans_config(&store, &dir, PLAN_ROUTES);
+    let a = TestProxy::spawn(&yaml).await;
+    let b = TestProxy::spawn(&yaml).await;
+    let t = format!("Bearer {}", jwt("jo", None, None));
+    let auth = [("authorization", t.as_str())];
+    let policy = |got: &Got| got.headers["ratelimit-policy"].to_str().unwrap().to_owned();
+    assert_eq!(
+        policy(&get_from("127.0.0.1", b.addr(), "/", &auth).await),
+        "\"api\";q=2;w=3600"
+    );
+    let set = admin_call(
+        &a,
+        "PUT",
+        "/api/overrides/api/user:jwt:jo",
+        Some(r#"{"limit": 70}"#),
+    )
+    .await;
+    assert_eq!(set.status, StatusCode::OK, "{:?}", set.body);
+    // B re-reads the overrides once a second on a cluster.
+    until(
+        Duration::from_secs(3),
+        "B to decide jo under the override",
+        || async {
+            policy(&get_from("127.0.0.1", b.addr(), "/", &auth).await) == "\"api\";q=70;w=3600"
+        },
+    )
+    .await;
 }
