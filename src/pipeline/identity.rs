@@ -79,7 +79,7 @@ impl Identify {
 pub struct Verified {
     pub identity: Identity,
     pub plan: Option<u8>,
-    pub claims: Option<Box<Claims>>,
+    pub claims: Option<Claims>,
 }
 
 pub type Claims = serde_json::Map<String, serde_json::Value>;
@@ -156,7 +156,7 @@ impl IdentityConfig {
                         return Ok(Verified {
                             identity: Identity::User(format!("jwt:{user}")),
                             plan: None,
-                            claims: Some(Box::new(claims)),
+                            claims: Some(claims),
                         })
                     }
                     Err(reason) => {

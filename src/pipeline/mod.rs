@@ -457,7 +457,8 @@ impl Pipeline {
             .await?;
         let verified = self.identity.identify(headers, cx.client.peer_trusted)?;
         cx.identity = verified.identity;
-        cx.claims = verified.claims;
+        // (kept only when a limit reads a cost from a claim)
+        cx.claims = verified.claims.map(Box::new);
         cx.plan = verified.plan;
         if let identity::Identity::User(user) = &cx.identity {
             cx.end.set_user(user);

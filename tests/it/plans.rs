@@ -267,6 +267,16 @@ async fn a_downgrade_keeps_the_share_used_and_an_upgrade_keeps_the_debt() {
     }
 }
 
+/// How many overrides `GET /api/overrides` lists.
+async fn listed(proxy: &TestProxy) -> usize {
+    admin_call(proxy, "GET", "/api/overrides", None)
+        .await
+        .json()["overrides"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
 async fn admin_call(proxy: &TestProxy, method: &str, path: &str, body: Option<&str>) -> Got {
     let mut c = h1(proxy.admin.expect("admin listener")).await;
     let req = Request::builder()
@@ -310,9 +320,9 @@ async fn an_override_set_on_one_replica_holds_on_the_other_at_the_next_request()
         admitted(b.addr(), "127.0.0.1", &auth).await,
         (3, "\"api\";q=7;w=3600".to_owned())
     );
-    let listed = admin_call(&b, "GET", "/api/overrides", None).await.json();
-    assert_eq!(listed["overrides"][0]["key"], "user:jwt:erin");
-    assert_eq!(listed["overrides"][0]["numbers"]["limit"], 7);
+    let overrides = admin_call(&b, "GET", "/api/overrides", None).await.json();
+    assert_eq!(overrides["overrides"][0]["key"], "user:jwt:erin");
+    assert_eq!(overrides["overrides"][0]["numbers"]["limit"], 7);
     // Deleted through B: A decides under the default at once (7 of 7 used
     // is 2 of 2: still refused).
     let del = admin_call(&b, "DELETE", "/api/overrides/api/user:jwt:erin", None).await;
@@ -356,21 +366,6 @@ async fn an_override_set_on_one_replica_holds_on_the_other_at_the_next_request()
         assert_eq!(got.status, status, "{path} {body}");
         assert!(got.json()["detail"].is_string());
     }
-    let listed = |p: &TestProxy| {
-        let admin = p.admin;
-        async move {
-            let mut c = h1(admin.expect("admin listener")).await;
-            let req = Request::get("/api/overrides")
-                .header("host", "admin")
-                .header("authorization", format!("Bearer {TOKEN}"))
-                .body(empty())
-                .unwrap();
-            send1(&mut c, req).await.json()["overrides"]
-                .as_array()
-                .unwrap()
-                .len()
-        }
-    };
     assert_eq!(listed(&a).await, 0);
     // An expired override is dropped from Redis at the next change.
     let short = admin_call(
@@ -469,13 +464,7 @@ async fn an_override_on_the_memory_store_expires_and_survives_a_reload() {
     .await;
     assert_eq!(set.status, StatusCode::OK);
     until(Duration::from_secs(5), "the override to expire", || async {
-        admin_call(&proxy, "GET", "/api/overrides", None)
-            .await
-            .json()["overrides"]
-            .as_array()
-            .unwrap()
-            .len()
-            == 1
+        listed(&proxy).await == 1
     })
     .await;
     assert_eq!(
