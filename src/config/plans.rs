@@ -247,7 +247,7 @@ pub fn settle(path: &str, l: &RawLimit, algorithm: &Algorithm, c: &mut Checker) 
         c.report(
             path,
             format!(
-                "{} cannot settle a cost after the answer; use fixed_window, sliding_window, token_bucket or gcra",
+                "{} cannot settle a cost after the answer; use fixed_window, sliding_window, sliding_log, token_bucket or gcra",
                 algorithm.name()
             ),
         );
@@ -323,7 +323,7 @@ routes:
     respond: {{}}
     limits:
       - {{ name: a, algorithm: fixed_window, limit: 10, window: 1m, plans: {{ gold: {{ limit: 5 }}, pro: {{ rate: 5/s }} }} }}
-      - {{ name: b, algorithm: sliding_log, limit: 10, window: 1m, settle: {{ header: x-cost }} }}
+      - {{ name: b, algorithm: sliding_log, limit: 10, window: 1m, settle: {{ header: x-cost }}, count: {{ status: [401] }} }}
       - {{ name: c, algorithm: gcra, rate: 10/s, cost: {{ default: 2, max: 99 }} }}
       - {{ name: d, algorithm: token_bucket, rate: 10/s, settle: {{ header: x-a, trailer: x-b, on_failure: later }} }}
 ",
@@ -340,7 +340,7 @@ routes:
                 "zones[0].plans: a zone keyed by ip, header or global",
                 "routes[0].limits[0].plans.gold: \"gold\" is not in identity.plans.names",
                 "routes[0].limits[0].plans.pro: fixed_window takes limit and window",
-                "routes[0].limits[1].settle: sliding_log cannot settle",
+                "routes[0].limits[1].settle: give count or settle, not both",
                 "routes[0].limits[2].cost.max: must be from 1 to the limit (10), got 99",
                 "routes[0].limits[2].cost: say where the cost is read",
                 "routes[0].limits[3].settle: give one of header, trailer or event",

@@ -578,7 +578,7 @@ async fn llm() -> SocketAddr {
                     };
                     let mut resp =
                         Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
-                    if req.uri().path() == "/header" {
+                    if matches!(req.uri().path(), "/header" | "/log") {
                         *resp.headers_mut() = headers;
                     }
                     Ok::<_, std::convert::Infallible>(resp)
@@ -601,11 +601,17 @@ fn llm_config(store: &Store, upstream: SocketAddr, extra_store: &str) -> String 
     };
     let route = |path: &str, settle: &str| {
         let name = &path[1..];
+        // /log: the same, counted exactly (one entry per instant)
+        let algorithm = if path == "/log" {
+            "sliding_log"
+        } else {
+            "fixed_window"
+        };
         format!(
             "  - name: {name}
     match: {{ path: {path} }}
     upstream: llm
-    limits: [{{ name: tokens, algorithm: fixed_window, key: 'header:x-tenant', limit: 1000, window: 1h, cost: 100, settle: {settle} }}]
+    limits: [{{ name: tokens, algorithm: {algorithm}, key: 'header:x-tenant', limit: 1000, window: 1h, cost: 100, settle: {settle} }}]
 "
         )
     };
@@ -614,10 +620,11 @@ fn llm_config(store: &Store, upstream: SocketAddr, extra_store: &str) -> String 
 upstreams:
   llm: {{ targets: ['{upstream}'], protocol: h2, timeout: 10s }}
 routes:
-{}{}{}",
+{}{}{}{}",
         route("/header", "{ header: x-tokens-used, on_failure: refund }"),
         route("/trailer", "{ trailer: x-tokens-used }"),
         route("/stream", "{ event: usage.total_tokens }"),
+        route("/log", "{ header: x-tokens-used }"),
     ))
 }
 
@@ -673,7 +680,7 @@ async fn usage_settles_from_a_header_a_trailer_or_the_last_event() {
     for store in stores() {
         let proxy = TestProxy::spawn(&llm_config(&store, upstream, "")).await;
         let addr = proxy.addr();
-        for path in ["/header", "/trailer", "/stream"] {
+        for path in ["/header", "/trailer", "/stream", "/log"] {
             let tenant = format!("tenant{path}");
             // 100 reserved (the headers speak in tokens), 30 used: 70 back.
             let first = call(addr, &format!("{path}?tokens=30"), &tenant).await;

@@ -10,11 +10,17 @@
 //! | `sliding_window` | from the counter the reservation sits in (current, or previous) | added to the current counter |
 //! | `token_bucket` | tokens back, up to the burst | tokens taken; below empty, refill starts later (a debt) |
 //! | `gcra` | the arrival time moves back, never before now | the arrival time moves ahead |
+//! | `sliding_log` | from the entry the reservation wrote (the newest at most `SLACK` ms after it), then older ones | a new entry now |
 //!
-//! `sliding_log` and the zones' leaky bucket do not settle (config refuses
-//! it): a log entry's cost cannot change without rewriting the log.
+//! The zones' leaky bucket does not settle (config refuses it): nginx's
+//! excess has no cost to give back.
 
 use super::{buckets, windows, Algorithm, State};
+
+/// How far apart the reservation's time and the time it is settled for
+/// may read (two clocks: the store's, and the proxy's measure of the
+/// reservation's age), in ms.
+const SLACK: u64 = 5;
 
 /// Whether `settle` works for this algorithm.
 pub fn settles(algorithm: &Algorithm) -> bool {
@@ -24,6 +30,7 @@ pub fn settles(algorithm: &Algorithm) -> bool {
             | Algorithm::SlidingWindow { .. }
             | Algorithm::TokenBucket { .. }
             | Algorithm::Gcra { .. }
+            | Algorithm::SlidingLog { .. }
     )
 }
 
@@ -106,7 +113,26 @@ pub fn settle(algorithm: &Algorithm, state: &mut State, now: u64, age: u64, delt
                 .max(scaled_now);
             *state = State::Tat(tat.min(u64::MAX as u128) as u64);
         }
-        Algorithm::SlidingLog { .. } | Algorithm::Leaky { .. } => {}
+        Algorithm::SlidingLog { .. } => {
+            if extra > 0 {
+                windows::log_charge(state, now, extra);
+            } else if let State::Log(log) = state {
+                let mut left = refund;
+                for entry in log.entries.iter_mut().rev() {
+                    if left == 0 {
+                        break;
+                    }
+                    if entry.0 <= at + SLACK {
+                        let take = left.min(u64::from(entry.1));
+                        entry.1 -= take as u32;
+                        log.total -= take;
+                        left -= take;
+                    }
+                }
+                log.entries.retain(|&(_, c)| c > 0);
+            }
+        }
+        Algorithm::Leaky { .. } => {}
     }
 }
 
@@ -142,6 +168,10 @@ mod tests {
                 amount: 100,
                 period_ms: 60_000,
                 burst: 100,
+            },
+            Algorithm::SlidingLog {
+                limit: 100,
+                window_ms: 60_000,
             },
         ] {
             let now = 6_000_000;

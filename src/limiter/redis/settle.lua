@@ -1,6 +1,8 @@
 -- tollgate: settle costs reserved by decide.lua, once the answer told the
 -- real cost (src/limiter/algorithm/settle.rs, step for step).
 --
+-- The same for a sliding log: a refund from the entries at or before the
+-- reservation (within 5 ms, the two clocks' slack), an extra as a new entry.
 -- KEYS[i]: the state of check i. ARGV[1]: how long ago (ms) the costs
 -- were reserved. ARGV[2 + 5(i-1) ...]: algorithm (1-6: F S L B G K), p1,
 -- p2, p3, delta: units more than reserved (fewer when negative). A state
@@ -73,6 +75,28 @@ for i = 1, #KEYS do
       if balance >= 0 then out = { balance, now }
       else out = { 0, now + cdiv(-balance, a) } end
       ttl = max(out[2] - now, 0) + cdiv(capacity - out[1], a)
+    end
+  elseif tag == 'L' then
+    -- (time, cost) pairs, oldest first
+    if delta > 0 then
+      out = s or {}
+      if out[#out - 1] == now then out[#out] = out[#out] + delta
+      else out[#out + 1] = now; out[#out + 1] = delta end
+      ttl = p[2]
+    elseif s then
+      local left = -delta
+      for k = #s - 1, 1, -2 do
+        if left == 0 then break end
+        if s[k] <= at + 5 then
+          local take = min(left, s[k + 1])
+          s[k + 1] = s[k + 1] - take
+          left = left - take
+        end
+      end
+      out = {}
+      for k = 1, #s - 1, 2 do
+        if s[k + 1] > 0 then out[#out + 1] = s[k]; out[#out + 1] = s[k + 1] end
+      end
     end
   elseif tag == 'G' then
     local a, per = p[1], p[2]
