@@ -211,6 +211,48 @@ fn bench(c: &mut Criterion) {
         }
         group.finish();
     }
+    plans(c);
+}
+
+/// What plans and settled costs add to a decision: a token bucket over a
+/// million keys decided under a plan's numbers (the store keeps which
+/// numbers each key was written under), and a settlement of one unit.
+fn plans(c: &mut Criterion) {
+    let mut buf = String::new();
+    let alg = Algorithm::TokenBucket {
+        amount: 1_000_000,
+        period_ms: 1000,
+        burst: 1_000_000,
+    };
+    let mut group = c.benchmark_group("plans/token_bucket");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let (store, own) = setup(&alg, 256 << 20);
+    let plan = own.with_numbers(Algorithm::TokenBucket {
+        amount: 2_000_000,
+        period_ms: 1000,
+        burst: 2_000_000,
+    });
+    let now = store.now_ms();
+    fill(&store, &plan, &mut buf, now);
+    group.bench_function("1M keys, a plan's numbers", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            i = (i + 7919) % MANY;
+            let key = key_into(&mut buf, i);
+            store.decide_at(black_box(&one(&plan, key)), now)
+        })
+    });
+    group.bench_function("1M keys, settle one unit back", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            i = (i + 7919) % MANY;
+            let key = key_into(&mut buf, i);
+            store.settle_at(black_box(&plan), key, now, 0, -1)
+        })
+    });
+    group.finish();
 }
 
 criterion_group!(benches, bench);
