@@ -38,7 +38,7 @@ fn param(query: &str, name: &str) -> Option<String> {
         .map(|(_, v)| decode(&v.replace('+', " ")))
 }
 
-pub(super) fn decode(s: &str) -> String {
+fn decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
@@ -160,12 +160,13 @@ fn key_kind(k: &crate::config::KeyKind) -> String {
 }
 
 /// `<limit>/<key>` from the path, %-decoded; the key may hold `/`.
-fn limit_and_key(rest: &str) -> Result<(String, String), Reply> {
+/// `endpoint` (`keys`, `overrides`) names the API in the message.
+pub(super) fn limit_and_key(rest: &str, endpoint: &str) -> Result<(String, String), Reply> {
     match rest.split_once('/') {
         Some((l, k)) if !l.is_empty() && !k.is_empty() => Ok((decode(l), decode(k))),
         _ => Err(problem(
             StatusCode::BAD_REQUEST,
-            "write /api/keys/<limit>/<key>, e.g. /api/keys/per_ip/203.0.113.7",
+            format!("write /api/{endpoint}/<limit>/<key>, e.g. /api/{endpoint}/per_ip/203.0.113.7"),
         )),
     }
 }
@@ -179,7 +180,7 @@ struct KeyRequest<'p> {
 }
 
 fn targets<'p>(p: &'p Pipeline, rest: &str, query: &str) -> Result<KeyRequest<'p>, Reply> {
-    let (limit, written) = limit_and_key(rest)?;
+    let (limit, written) = limit_and_key(rest, "keys")?;
     let route = param(query, "route");
     let named = named(p, &limit, route.as_deref());
     if named.is_empty() {
@@ -204,7 +205,7 @@ fn targets<'p>(p: &'p Pipeline, rest: &str, query: &str) -> Result<KeyRequest<'p
     })
 }
 
-fn unavailable(e: crate::limiter::LimiterError) -> Reply {
+pub(super) fn unavailable(e: crate::limiter::LimiterError) -> Reply {
     problem(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the rate-limit store cannot answer: {e}"),

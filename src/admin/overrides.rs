@@ -16,6 +16,7 @@
 use http::StatusCode;
 use serde_json::{json, Value};
 
+use super::api::unavailable;
 use super::report::LimitView;
 use super::{keys, problem, Caller};
 use crate::config::limits::parse_rate;
@@ -30,10 +31,7 @@ type Reply = (StatusCode, Value);
 pub async fn list(p: &Pipeline) -> Reply {
     let engine = p.engine();
     if let Err(e) = engine.refresh_overrides().await {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the rate-limit store cannot answer: {e}"),
-        );
+        return unavailable(e);
     }
     let now = engine.clock().unix_ms();
     let items: Vec<Value> = engine
@@ -117,17 +115,7 @@ fn parse_body(body: &[u8], now_ms: u64) -> Result<Override, String> {
 /// The limits named `limit` and the bucket `written` falls in (the same
 /// for each), or the reply to give instead.
 fn target<'p>(p: &'p Pipeline, rest: &str) -> Result<(String, String, Vec<LimitView<'p>>), Reply> {
-    let (limit, written) = match rest.split_once('/') {
-        Some((l, k)) if !l.is_empty() && !k.is_empty() => {
-            (super::api::decode(l), super::api::decode(k))
-        }
-        _ => {
-            return Err(problem(
-                StatusCode::BAD_REQUEST,
-                "write /api/overrides/<limit>/<key>, e.g. /api/overrides/api/user:42",
-            ))
-        }
-    };
+    let (limit, written) = super::api::limit_and_key(rest, "overrides")?;
     let views: Vec<LimitView<'p>> = p
         .limit_views()
         .into_iter()
@@ -187,10 +175,7 @@ pub async fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Repl
         .map(|e| e.saturating_sub(engine.clock().unix_ms()) / 1000);
     let limits: Vec<_> = views.iter().map(|v| v.limit).collect();
     if let Err(e) = engine.put_override(&limits, &key, Some(o)).await {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the rate-limit store cannot answer: {e}"),
-        );
+        return unavailable(e);
     }
     tracing::info!(limit = %limit, key = %display(&key), ttl_seconds = ?ttl, by = %caller, "admin: override set");
     (
@@ -218,10 +203,7 @@ pub async fn delete(rest: &str, p: &Pipeline, caller: &Caller) -> Reply {
             StatusCode::NOT_FOUND,
             format!("\"{limit}\" has no override for {}", display(&key)),
         ),
-        Err(e) => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the rate-limit store cannot answer: {e}"),
-        ),
+        Err(e) => unavailable(e),
     }
 }
 

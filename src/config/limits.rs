@@ -410,19 +410,7 @@ fn route_limit(
         }
         "token_bucket" | "gcra" => {
             let (amount, period_ms, burst) = bucket(c)?;
-            if l.algorithm == "gcra" {
-                Algorithm::Gcra {
-                    amount,
-                    period_ms,
-                    burst,
-                }
-            } else {
-                Algorithm::TokenBucket {
-                    amount,
-                    period_ms,
-                    burst,
-                }
-            }
+            Algorithm::rated(l.algorithm == "gcra", amount, period_ms, burst)
         }
         other => {
             c.report(

@@ -173,6 +173,23 @@ fn div_ceil(a: u128, b: u128) -> u64 {
 }
 
 impl Algorithm {
+    /// A rate-and-burst algorithm: `gcra` or else `token_bucket`.
+    pub fn rated(gcra: bool, amount: u64, period_ms: u64, burst: u64) -> Algorithm {
+        if gcra {
+            Algorithm::Gcra {
+                amount,
+                period_ms,
+                burst,
+            }
+        } else {
+            Algorithm::TokenBucket {
+                amount,
+                period_ms,
+                burst,
+            }
+        }
+    }
+
     /// Checks the numbers make sense; the message follows the YAML path.
     pub fn validate(&self) -> Result<(), String> {
         match *self {

@@ -81,19 +81,12 @@ impl Numbers {
                 let burst =
                     self.burst
                         .unwrap_or(if self.amount.is_some() { amount } else { burst });
-                if matches!(base, Algorithm::Gcra { .. }) {
-                    Algorithm::Gcra {
-                        amount,
-                        period_ms,
-                        burst,
-                    }
-                } else {
-                    Algorithm::TokenBucket {
-                        amount,
-                        period_ms,
-                        burst,
-                    }
-                }
+                Algorithm::rated(
+                    matches!(base, Algorithm::Gcra { .. }),
+                    amount,
+                    period_ms,
+                    burst,
+                )
             }
             Algorithm::Leaky {
                 rate_milli,

@@ -465,7 +465,7 @@ impl Pipeline {
         }
         if let Some(plan) = cx.plan {
             self.metrics.plan_request(plan);
-            cx.end.set_plan(self.metrics.plan_name(Some(plan)));
+            cx.end.set_plan(|| self.metrics.plan_name(Some(plan)));
         }
         webhook::check_source(cx.route, ip)?;
         limits::decide(&self.engine, &self.zones, cx, headers, &self.client_ip).await?;

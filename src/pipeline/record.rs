@@ -107,9 +107,10 @@ impl RequestEnd {
         }
     }
 
-    pub fn set_plan(&mut self, plan: Arc<str>) {
+    /// The caller's plan, named only when the access log is on.
+    pub fn set_plan(&mut self, plan: impl FnOnce() -> Arc<str>) {
         if let Some(r) = self.record.as_mut() {
-            r.plan = Some(plan);
+            r.plan = Some(plan());
         }
     }
 
