@@ -62,6 +62,12 @@ impl Clock {
         }
     }
 
+    /// Whether this is a test's frozen clock (a Redis store then pins its
+    /// scripts' clock to it instead of Redis `TIME`).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.is_some()
+    }
+
     /// Now, in milliseconds since the Unix epoch.
     pub fn unix_ms(&self) -> u64 {
         match &self.frozen {

@@ -242,11 +242,33 @@ async fn each<'p>(
             .0
             .and_then(|n| n.apply(&view.limit.algorithm).ok())
             .map(|a| view.limit.with_numbers(a));
-        let limit = overridden.as_ref().unwrap_or(view.limit);
+        let mut limit = overridden.as_ref().unwrap_or(view.limit);
+        // A monthly quota from a billing day: `?billing_day=15`.
+        let anchored = billing_day(query).and_then(|day| match &limit.algorithm {
+            crate::limiter::Algorithm::Quota { limit: n, calendar } => {
+                Some(limit.with_numbers(crate::limiter::Algorithm::Quota {
+                    limit: *n,
+                    calendar: calendar.anchored(day),
+                }))
+            }
+            _ => None,
+        });
+        if let Some(a) = &anchored {
+            limit = a;
+        }
         let had_state = match op {
             Op::Read => match p.engine().inspect(limit, key).await {
                 Ok(Some(d)) => {
                     state_json(&mut o, &d);
+                    quota_json(&mut o, limit, &d, now());
+                    o["override"] = json!(overridden.is_some());
+                    true
+                }
+                // A quota untouched this period: all of it is left.
+                Ok(None) if limit.algorithm.calendar().is_some() => {
+                    let d = limit.algorithm.check(&mut Default::default(), now(), 1);
+                    state_json(&mut o, &d);
+                    quota_json(&mut o, limit, &d, now());
                     o["override"] = json!(overridden.is_some());
                     true
                 }
@@ -287,6 +309,32 @@ pub async fn key(rest: &str, query: &str, p: &Pipeline) -> Reply {
             json!({ "store": store_kind(p), "states": states }),
         ),
         Err(reply) => reply,
+    }
+}
+
+/// `billing_day=N` in a query string.
+fn billing_day(query: &str) -> Option<u8> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("billing_day="))
+        .and_then(|d| d.parse().ok())
+        .filter(|d| (1..=31).contains(d))
+}
+
+/// A quota's period and the instant it resets, in its zone and in Unix
+/// seconds.
+fn quota_json(o: &mut Value, limit: &crate::limiter::Limit, d: &Decision, now: u64) {
+    if let Some(cal) = limit.algorithm.calendar() {
+        let (start, end) = cal.bounds(now);
+        let end = if d.reset_ms > 0 {
+            now + d.reset_ms
+        } else {
+            end
+        };
+        o["period"] = json!(cal.to_string());
+        o["period_start"] = json!(cal.local(start));
+        o["resets_at"] = json!(cal.local(end));
+        o["resets_at_unix"] = json!(end / 1000);
     }
 }
 

@@ -143,10 +143,18 @@ pub fn identity(raw: Option<&RawIdentity>, c: &mut Checker) -> Option<IdentityCo
     }
     let plans = super::plans::plans(raw.plans.as_ref(), c);
     let names = plans.as_ref().map_or(&[][..], |p| &p.names[..]);
-    let key_plans = match raw.api_key.as_ref().and_then(|k| k.metadata.as_ref()) {
+    let meta = match raw.api_key.as_ref().and_then(|k| k.metadata.as_ref()) {
         Some(file) => super::plans::key_metadata(file, names, c),
         None => Default::default(),
     };
+    let (key_plans, key_days) = (meta.plans, meta.days);
+    let billing_day = raw.billing_day.as_ref().and_then(|b| b.claim.as_deref());
+    if billing_day.is_some() && raw.jwt.is_none() {
+        c.report(
+            "identity.billing_day.claim",
+            "needs identity.jwt: a claim is read from a verified token",
+        );
+    }
     if let Some(r) = &raw.plans {
         if r.claim.is_some() && raw.jwt.is_none() {
             c.report(
@@ -174,6 +182,8 @@ pub fn identity(raw: Option<&RawIdentity>, c: &mut Checker) -> Option<IdentityCo
         on_invalid,
         plans,
         key_plans,
+        key_days,
+        billing_day: billing_day.map(std::sync::Arc::from),
         keep_claims: false,
     })
 }

@@ -382,6 +382,10 @@ pub struct IdentityConfig {
     pub plans: Option<PlansConfig>,
     /// API-key metadata: per key hash (`identity::short_hash`), its plan.
     pub key_plans: std::collections::HashMap<String, u8>,
+    /// API-key metadata: per key hash, its billing day (1-31).
+    pub key_days: std::collections::HashMap<String, u8>,
+    /// The claim holding a token's billing day (`identity.billing_day`).
+    pub billing_day: Option<Arc<str>>,
     /// Keep a verified token's claims for the limits that read a cost.
     pub keep_claims: bool,
 }
@@ -459,6 +463,8 @@ pub struct RouteLimit {
     /// Per plan (indexed like `identity.plans.names`): other numbers.
     pub plans: Vec<Option<crate::limiter::Limit>>,
     pub settle: Option<Settle>,
+    /// A monthly quota from each key's billing day (`anchor: billing_day`).
+    pub billing_day: bool,
     pub dry_run: bool,
     /// Charge only responses with these statuses (checked before, charged after).
     pub count_status: Option<Vec<u16>>,

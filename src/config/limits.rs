@@ -399,6 +399,10 @@ fn route_limit(
         let burst = count(&l.burst, &format!("{path}.burst"), amount, c);
         Some((amount, period, burst))
     };
+    let mut billing_day = false;
+    if l.algorithm != "quota" {
+        super::quota::misplaced(path, l, c);
+    }
     let algorithm = match l.algorithm.as_str() {
         "fixed_window" | "sliding_window" | "sliding_log" => {
             let (limit, window_ms) = window(c)?;
@@ -412,10 +416,15 @@ fn route_limit(
             let (amount, period_ms, burst) = bucket(c)?;
             Algorithm::rated(l.algorithm == "gcra", amount, period_ms, burst)
         }
+        "quota" => {
+            let (algorithm, anchored) = super::quota::quota(path, l, c)?;
+            billing_day = anchored;
+            algorithm
+        }
         other => {
             c.report(
                 format!("{path}.algorithm"),
-                format!("expected fixed_window, sliding_window, sliding_log, token_bucket or gcra, got \"{other}\""),
+                format!("expected fixed_window, sliding_window, sliding_log, token_bucket, gcra or quota, got \"{other}\""),
             );
             return None;
         }
@@ -462,6 +471,7 @@ fn route_limit(
         cost_from,
         plans,
         settle,
+        billing_day,
         key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, c),
         cost,
         dry_run: l.dry_run.unwrap_or(false),
@@ -475,6 +485,10 @@ fn route_limit(
 /// "10 units per 1s, bursts of 20".
 pub fn describe(algorithm: &Algorithm, unit: &str) -> String {
     match *algorithm {
+        Algorithm::Quota {
+            limit,
+            ref calendar,
+        } => format!("{limit} {unit} per {calendar}"),
         Algorithm::FixedWindow { limit, window_ms }
         | Algorithm::SlidingWindow { limit, window_ms }
         | Algorithm::SlidingLog { limit, window_ms } => format!(

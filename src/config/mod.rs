@@ -12,6 +12,7 @@ pub(crate) mod compiled;
 pub(crate) mod limits;
 pub(crate) mod load;
 pub(crate) mod plans;
+pub(crate) mod quota;
 pub(crate) mod raw;
 pub(crate) mod routes;
 pub(crate) mod store;

@@ -88,32 +88,41 @@ pub fn index(names: &[Arc<str>], name: &str) -> Option<u8> {
     names.iter().position(|n| &**n == name).map(|i| i as u8)
 }
 
-/// `identity.api_key.metadata`: per key digest, its plan. The digest is the
+/// What `identity.api_key.metadata` says per key (by the first 32 hex
+/// digits of its digest): its plan, its billing day.
+#[derive(Debug, Default)]
+pub struct KeyMetadata {
+    pub plans: HashMap<String, u8>,
+    pub days: HashMap<String, u8>,
+}
+
+/// `identity.api_key.metadata`: per key digest, its plan and billing day. The digest is the
 /// key's SHA-256 in hex (`printf %s "$KEY" | sha256sum`); tollgate keys
 /// users by its first 32 digits.
-pub fn key_metadata(file: &str, names: &[Arc<str>], c: &mut Checker) -> HashMap<String, u8> {
+pub fn key_metadata(file: &str, names: &[Arc<str>], c: &mut Checker) -> KeyMetadata {
     let path = "identity.api_key.metadata";
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) => {
             c.report(path, format!("cannot read {file}: {e}"));
-            return HashMap::new();
+            return KeyMetadata::default();
         }
     };
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Meta {
         plan: Option<String>,
+        billing_day: Option<serde_json::Value>,
     }
     let entries: HashMap<String, Meta> = match serde_yaml::from_str(&text) {
         Ok(Some(e)) => e,
         Ok(None) => HashMap::new(),
         Err(e) => {
             c.report(path, format!("{file}: {e}"));
-            return HashMap::new();
+            return KeyMetadata::default();
         }
     };
-    let mut out = HashMap::new();
+    let mut out = KeyMetadata::default();
     for (digest, meta) in entries {
         let hex = digest
             .strip_prefix("sha256:")
@@ -127,10 +136,21 @@ pub fn key_metadata(file: &str, names: &[Arc<str>], c: &mut Checker) -> HashMap<
             );
             continue;
         }
+        if let Some(v) = &meta.billing_day {
+            match super::quota::billing_day(v) {
+                Some(day) => {
+                    out.days.insert(hex[..32].to_owned(), day);
+                }
+                None => c.report(
+                    path,
+                    format!("{file}: {digest}.billing_day: expected a day of the month from 1 to 31, got {v}"),
+                ),
+            }
+        }
         let Some(plan) = meta.plan else { continue };
         match index(names, &plan) {
             Some(i) => {
-                out.insert(hex[..32].to_owned(), i);
+                out.plans.insert(hex[..32].to_owned(), i);
             }
             None => c.report(
                 path,

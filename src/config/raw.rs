@@ -279,6 +279,9 @@ pub struct RawLimit {
     pub settle: Option<RawSettle>,
     pub size: Option<Text>,
     pub on_error: Option<String>,
+    pub period: Option<String>,
+    pub time_zone: Option<String>,
+    pub anchor: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -395,6 +398,13 @@ pub struct RawIdentity {
     pub api_key: Option<RawApiKey>,
     pub on_invalid: Option<String>,
     pub plans: Option<RawPlans>,
+    pub billing_day: Option<RawBillingDay>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBillingDay {
+    pub claim: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

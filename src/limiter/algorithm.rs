@@ -19,6 +19,7 @@
 
 mod buckets;
 mod leaky;
+mod quota;
 mod rescale;
 mod settle;
 mod windows;
@@ -26,11 +27,13 @@ mod windows;
 #[cfg(test)]
 pub(crate) mod properties;
 
+pub use quota::used as quota_used;
 pub use rescale::rescale;
 pub use settle::{settle, settles};
 
 use std::collections::VecDeque;
 
+use super::calendar::Calendar;
 use super::{Decision, Verdict};
 
 /// Largest `limit` a `sliding_log` may have: its memory grows with it.
@@ -70,6 +73,8 @@ pub enum Algorithm {
         burst: u64,
         delay: u64,
     },
+    /// `limit` per calendar period (see [`Calendar`]).
+    Quota { limit: u64, calendar: Calendar },
 }
 
 /// Per-key state. Every variant but the log fits in 16 bytes.
@@ -193,6 +198,11 @@ impl Algorithm {
     /// Checks the numbers make sense; the message follows the YAML path.
     pub fn validate(&self) -> Result<(), String> {
         match *self {
+            Algorithm::Quota { limit, .. } => {
+                if limit == 0 || limit as u128 > EXACT {
+                    return Err(format!("limit must be from 1 to 2^53, got {limit}"));
+                }
+            }
             Algorithm::FixedWindow { limit, window_ms }
             | Algorithm::SlidingWindow { limit, window_ms } => {
                 if limit == 0 || limit > u32::MAX as u64 {
@@ -260,6 +270,13 @@ impl Algorithm {
         let n = n.max(1);
         let part = |v: u64| (v / n).max(1);
         match *self {
+            Algorithm::Quota {
+                limit,
+                ref calendar,
+            } => Algorithm::Quota {
+                limit: part(limit),
+                calendar: calendar.clone(),
+            },
             Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
                 limit: part(limit),
                 window_ms,
@@ -311,12 +328,18 @@ impl Algorithm {
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::Leaky { .. } => "leaky_bucket",
+            Algorithm::Quota { .. } => "quota",
         }
     }
 
-    /// The quota and window the headers advertise (`q` and `w`).
+    /// The quota and window the headers advertise (`q` and `w`); a
+    /// calendar quota's usual period length (see [`Algorithm::policy_at`]).
     pub fn policy(&self) -> (u64, u64) {
         match *self {
+            Algorithm::Quota {
+                limit,
+                ref calendar,
+            } => (limit, calendar.period.nominal_ms()),
             Algorithm::FixedWindow { limit, window_ms }
             | Algorithm::SlidingWindow { limit, window_ms }
             | Algorithm::SlidingLog { limit, window_ms } => (limit, window_ms),
@@ -342,11 +365,35 @@ impl Algorithm {
         }
     }
 
+    /// [`Algorithm::policy`] at `now` (ms): a calendar quota's period
+    /// holding it, as long as it really is.
+    pub fn policy_at(&self, now: u64) -> (u64, u64) {
+        match self {
+            Algorithm::Quota { limit, calendar } => {
+                let (start, end) = calendar.bounds(now);
+                (*limit, end - start)
+            }
+            _ => self.policy(),
+        }
+    }
+
+    /// The calendar of a quota.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        match self {
+            Algorithm::Quota { calendar, .. } => Some(calendar),
+            _ => None,
+        }
+    }
+
     /// Decides for one request of `cost` at `now` (ms) without charging it.
     pub fn check(&self, state: &mut State, now: u64, cost: u64) -> Decision {
         let (limit, window_ms) = self.policy();
         let policy = Policy { limit, window_ms };
         match *self {
+            Algorithm::Quota {
+                limit,
+                ref calendar,
+            } => quota::check(limit, calendar, state, now, cost),
             Algorithm::FixedWindow { limit, window_ms } => {
                 windows::fixed_check(limit, window_ms, state, now, cost, policy)
             }
@@ -378,6 +425,7 @@ impl Algorithm {
     /// delayed it) at the same `now` on the same state.
     pub fn charge(&self, state: &mut State, now: u64, cost: u64) {
         match *self {
+            Algorithm::Quota { ref calendar, .. } => quota::charge(calendar, state, now, cost),
             Algorithm::FixedWindow { window_ms, .. } => {
                 windows::fixed_charge(window_ms, state, now, cost)
             }
@@ -404,6 +452,7 @@ impl Algorithm {
     pub fn is_idle(&self, state: &State, now: u64) -> bool {
         match (self, state) {
             (_, State::Empty) => true,
+            (Algorithm::Quota { calendar, .. }, _) => quota::is_idle(calendar, state, now),
             (Algorithm::FixedWindow { window_ms, .. }, State::Window { start, .. }) => {
                 now >= start + window_ms
             }

@@ -14,6 +14,7 @@
 //! burns no quota in the others (as nginx does).
 
 pub(crate) mod algorithm;
+pub(crate) mod calendar;
 pub(crate) mod conn;
 pub(crate) mod engine;
 pub(crate) mod memory;

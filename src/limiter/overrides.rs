@@ -43,6 +43,18 @@ impl Numbers {
         let windowed = self.amount.is_none() && self.period_ms.is_none() && self.burst.is_none();
         let rated = self.limit.is_none() && self.window_ms.is_none();
         let out = match *base {
+            Algorithm::Quota {
+                limit,
+                ref calendar,
+            } => {
+                if !windowed || self.window_ms.is_some() {
+                    return Err("a quota takes a limit (its period is the config's)".into());
+                }
+                Algorithm::Quota {
+                    limit: self.limit.unwrap_or(limit),
+                    calendar: calendar.clone(),
+                }
+            }
             Algorithm::FixedWindow { limit, window_ms }
             | Algorithm::SlidingWindow { limit, window_ms }
             | Algorithm::SlidingLog { limit, window_ms } => {

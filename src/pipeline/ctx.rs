@@ -31,6 +31,8 @@ pub struct Ctx<'p> {
     pub identity: Identity,
     /// The caller's plan (index into `identity.plans.names`), if any.
     pub plan: Option<u8>,
+    /// The caller's billing day (1-31), for quotas anchored on it.
+    pub billing_day: Option<u8>,
     /// A verified token's claims, kept only when a limit reads a cost
     /// from one.
     pub claims: Option<Box<serde_json::Map<String, serde_json::Value>>>,
@@ -69,6 +71,7 @@ impl<'p> Ctx<'p> {
             bypass: None,
             identity: Identity::Anonymous,
             plan: None,
+            billing_day: None,
             claims: None,
             reserved: Vec::new(),
             pending: Batch::default(),

@@ -239,10 +239,15 @@ async fn apply(
                         let l = &r.limits[i];
                         // A plan's or an override's numbers say their own.
                         let chosen = &checks[start + worst].limit;
-                        let described = match chosen.base {
+                        let mut described = match chosen.base {
                             None => l.description.clone(),
                             Some(_) => Arc::from(describe(&chosen.algorithm, l.unit)),
                         };
+                        // A quota says when its period ends, in its zone.
+                        if let Some(cal) = chosen.algorithm.calendar() {
+                            let at = engine.clock().unix_ms() + retry_ms;
+                            described = format!("{described}, resets at {}", cal.local(at)).into();
+                        }
                         rejected(
                             &l.limit.name,
                             &described,
@@ -307,7 +312,12 @@ fn choose(
             if let (Some(numbers), _) = overrides.lookup(&limit.name, batch.key(item.key), now) {
                 match numbers.apply(&limit.algorithm) {
                     Ok(a) => {
-                        let limit = limit.with_numbers(a);
+                        let mut limit = limit.with_numbers(a);
+                        if let (Origin::Route(i), Some(r), Some(day)) = (item.origin, route, cx.billing_day) {
+                            if r.limits[i].billing_day {
+                                limit = billing_day(&limit, day).unwrap_or(limit);
+                            }
+                        }
                         return (Choice::Override(Box::new(limit)), cost);
                     }
                     Err(e) => tracing::warn!(limit = %limit.name, error = %e, "an override does not fit this limit; its own numbers apply"),
@@ -315,12 +325,37 @@ fn choose(
             }
             // (a zone has plans only when keyed by user: decided after
             // the identity, which found the plan)
-            match cx.plan.map(usize::from) {
-                Some(p) if plans.get(p).is_some_and(Option::is_some) => (Choice::Plan(p), cost),
-                _ => (Choice::Own, cost),
+            let plan = cx
+                .plan
+                .map(usize::from)
+                .filter(|&p| plans.get(p).is_some_and(Option::is_some));
+            let anchored = match (item.origin, route, cx.billing_day) {
+                (Origin::Route(i), Some(r), Some(day)) if r.limits[i].billing_day => {
+                    let chosen = plan.and_then(|p| plans[p].as_ref()).unwrap_or(limit);
+                    billing_day(chosen, day)
+                }
+                _ => None,
+            };
+            match (anchored, plan) {
+                (Some(limit), _) => (Choice::Override(Box::new(limit)), cost),
+                (None, Some(p)) => (Choice::Plan(p), cost),
+                (None, None) => (Choice::Own, cost),
             }
         })
         .collect()
+}
+
+/// A monthly quota's numbers from the key's billing day, when not its own.
+fn billing_day(limit: &Limit, day: u8) -> Option<Limit> {
+    let crate::limiter::Algorithm::Quota { limit: n, calendar } = &limit.algorithm else {
+        return None;
+    };
+    (calendar.day != day).then(|| {
+        limit.with_numbers(crate::limiter::Algorithm::Quota {
+            limit: *n,
+            calendar: calendar.anchored(day),
+        })
+    })
 }
 
 /// The checks of `batch`, under `choices`.

@@ -79,6 +79,8 @@ impl Identify {
 pub struct Verified {
     pub identity: Identity,
     pub plan: Option<u8>,
+    /// The key's billing day (1-31), for quotas anchored on it.
+    pub billing_day: Option<u8>,
     pub claims: Option<Claims>,
 }
 
@@ -137,6 +139,15 @@ impl IdentityConfig {
                 .or_else(|| peer_trusted.then(from_header).flatten())
                 .or(plans.default);
         }
+        let day_of_key = || match &found.identity {
+            Identity::User(u) => self.key_days.get(u.strip_prefix("apikey:")?).copied(),
+            Identity::Anonymous => None,
+        };
+        let day_of_claim = || {
+            let claim = self.billing_day.as_ref()?;
+            crate::config::quota::billing_day(found.claims.as_ref()?.get(&**claim)?)
+        };
+        found.billing_day = day_of_claim().or_else(day_of_key);
         if !self.keep_claims {
             found.claims = None;
         }
@@ -156,6 +167,7 @@ impl IdentityConfig {
                         return Ok(Verified {
                             identity: Identity::User(format!("jwt:{user}")),
                             plan: None,
+                            billing_day: None,
                             claims: Some(claims),
                         })
                     }

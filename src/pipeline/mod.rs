@@ -460,6 +460,7 @@ impl Pipeline {
         // (kept only when a limit reads a cost from a claim)
         cx.claims = verified.claims.map(Box::new);
         cx.plan = verified.plan;
+        cx.billing_day = verified.billing_day;
         if let identity::Identity::User(user) = &cx.identity {
             cx.end.set_user(user);
         }

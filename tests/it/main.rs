@@ -25,6 +25,7 @@ mod parsers;
 mod pgo_train;
 mod plans;
 mod protection;
+mod quotas;
 mod redis_proxy;
 mod redis_replicas;
 mod redis_store;

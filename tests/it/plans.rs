@@ -41,11 +41,6 @@ fn jwt(sub: &str, plan: Option<&str>, cost: Option<u64>) -> String {
     .unwrap()
 }
 
-fn sha256_hex(s: &str) -> String {
-    use sha2::Digest;
-    hex(&sha2::Sha256::digest(s.as_bytes()))
-}
-
 /// The stores each test runs on: the memory store, and a Redis that two
 /// replicas share (the server is kept alive by the caller).
 enum Store {

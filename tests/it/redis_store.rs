@@ -742,3 +742,44 @@ async fn peeks_between_requests_of_one_call_charge_nothing() {
         );
     }
 }
+
+/// A calendar quota near a period's boundary, on replicas whose clocks
+/// disagree with Redis's: each sends the period its own clock is in, and
+/// Redis's clock picks the period counted, so they share one count. Here
+/// decide.lua runs straight, its clock pinned to stand for Redis `TIME`.
+#[tokio::test]
+async fn a_quota_counts_the_period_redis_is_in_whatever_the_replicas_clocks() {
+    let server = RedisServer::start();
+    let (mut conn, function, _) = decide_loaded(&server).await;
+    let day = 86_400_000u64;
+    let midnight = 1_800_000_000_000u64 - 1_800_000_000_000u64 % day;
+    // (Redis's clock, the period the replica sends): code, remaining, reset.
+    let mut decide = async |redis_now: u64, start: u64| {
+        let args = vec![
+            redis_now.to_string(),
+            format!("7,3,{start},{},1,0,0,0;", start + day),
+        ];
+        let key = ["quota:skew".to_owned()];
+        let answer = fcall(&mut conn, &function, &key, &args).await.unwrap();
+        let r = &per_request(&answer)[0];
+        (r[1], r[2], r[3] as u64)
+    };
+    // Redis: 100 ms before midnight. A replica whose clock is 200 ms
+    // ahead already sends tomorrow: it is counted today, reset at midnight.
+    assert_eq!(decide(midnight - 100, midnight).await, (0, 2, 100));
+    // A replica on time, today: the same count.
+    assert_eq!(decide(midnight - 50, midnight - day).await, (0, 1, 50));
+    // Redis: past midnight. A replica 300 ms behind still sends today:
+    // tomorrow is counted, from 3 again, its end estimated a day on.
+    assert_eq!(
+        decide(midnight + 10, midnight - day).await,
+        (0, 2, day - 10)
+    );
+    // The replica ahead, on time now: the same period and count.
+    assert_eq!(decide(midnight + 20, midnight).await, (0, 1, day - 20));
+    assert_eq!(decide(midnight + 30, midnight).await.1, 0);
+    let refused = decide(midnight + 40, midnight - day).await;
+    assert!(refused.0 < 0 && refused.2 == day - 40, "{refused:?}");
+    let ttl: u64 = server.cli(&["PTTL", "quota:skew"]).parse().unwrap();
+    assert!(ttl >= day - 60_000, "lives to the period's end: {ttl}");
+}

@@ -26,6 +26,22 @@ pub fn rescale(new: &Algorithm, old: &Algorithm, state: &State, now: u64) -> Sta
     };
     match (new, old, state) {
         (
+            Algorithm::Quota { limit, calendar },
+            Algorithm::Quota {
+                limit: l0,
+                calendar: c0,
+            },
+            _,
+        ) => {
+            // The count of the period current now, moved to the new
+            // calendar's period (a new billing day) and scaled.
+            let (count, _) = super::quota_used(c0, state, now);
+            State::Window {
+                start: calendar.bounds(now).0,
+                count: up(count as u128, *limit, *l0) as u64,
+            }
+        }
+        (
             Algorithm::FixedWindow { limit, window_ms },
             Algorithm::FixedWindow {
                 limit: l0,

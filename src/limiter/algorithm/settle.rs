@@ -31,6 +31,7 @@ pub fn settles(algorithm: &Algorithm) -> bool {
             | Algorithm::TokenBucket { .. }
             | Algorithm::Gcra { .. }
             | Algorithm::SlidingLog { .. }
+            | Algorithm::Quota { .. }
     )
 }
 
@@ -44,6 +45,9 @@ pub fn settle(algorithm: &Algorithm, state: &mut State, now: u64, age: u64, delt
         (0, delta as u64)
     };
     match *algorithm {
+        Algorithm::Quota { ref calendar, .. } => {
+            super::quota::settle(calendar, state, now, at, delta)
+        }
         Algorithm::FixedWindow { window_ms: w, .. } => {
             if extra > 0 {
                 let (start, count) = windows::fixed_roll(state, now, w);

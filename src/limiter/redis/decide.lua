@@ -10,7 +10,7 @@
 -- ARGV[1]: the clock in ms, or 0 for Redis TIME (tests pin it); with
 --   ":<version>" after it, the overrides version (see below).
 -- ARGV[2...]: one per request, its checks "c;c;...", each check
---   "algorithm,p1,p2,p3,cost,peek,group,dry": algorithm 1-6 (F S L B G K),
+--   "algorithm,p1,p2,p3,cost,peek,group,dry": algorithm 1-7 (F S L B G K Q),
 --   peek 1 = decide but never charge, dry 1 = a dry-run group. A request
 --   repeated n times in a row (the same keys, the same checks: one
 --   client's burst) comes once, after an argument "*<n>", with its keys
@@ -90,7 +90,7 @@ local function make()
   end
   local function encode(s)
     local v
-    if s[1] == 'S' then v = format('S:%d:%d:%d', s[2], s[3], s[4])
+    if s[1] == 'S' or s[1] == 'Q' then v = format('%s:%d:%d:%d', s[1], s[2], s[3], s[4])
     elseif s[1] ~= 'L' then v = format('%s:%d:%d', s[1], s[2], s[3])
     else
       local parts = { 'L' }
@@ -147,6 +147,12 @@ local function make()
     local q = idiv(nd, n[1])
     return { 'G', now + q, nd - q * n[1] }
   end
+  -- (a quota's numbers also hold its period, which moves: only a new
+  -- limit scales the count)
+  rescale.Q = function(s, o, n)
+    if o[1] == n[1] then return { 'Q', s[2], s[3], s[4] } end
+    return { 'Q', s[2], s[3], up(s[4], n[1], o[1]) }
+  end
   rescale.K = function(s, o, n)
     local excess = max(0, s[2] - idiv(o[1] * max(0, now - s[3]), 1000))
     if excess > 0 then excess = max(0, up(excess + 1000, n[2] + 1, o[2] + 1) - 1000) end
@@ -181,6 +187,37 @@ local function make()
     local reset = start + w - now
     if count + cost <= limit then
       return 0, limit - count - cost, reset, put(s, mine, 'F', start, count + cost, par), reset
+    end
+    return -1 - reset, max(0, limit - count), reset
+  end
+
+  -- A calendar quota: limit per period, [start, stop) by the caller's
+  -- clock. Redis's clock picks the period: the caller's, or the one before
+  -- it (a caller whose clock is ahead) or after it (behind), whose other
+  -- end the caller did not send (0 in the state: not known). A state
+  -- "Q:start:end:count" counts in the period it names by either end, so
+  -- replicas whose clocks straddle a boundary share one count. Its key
+  -- lives to the period's end (when not known, the caller's period length
+  -- and 4 days more: months differ by up to 3).
+  algorithms.Q = function(s, limit, start, stop, cost, par, mine)
+    local ps, pe = start, stop
+    if now < start then ps, pe = 0, start elseif now >= stop then ps, pe = stop, 0 end
+    local count = 0
+    if s and s[1] == 'Q' and ((ps > 0 and s[2] == ps) or (pe > 0 and s[3] == pe)) then
+      count = s[4]
+      if ps == 0 then ps = s[2] end
+      if pe == 0 then pe = s[3] end
+    end
+    local reset, ttl
+    if pe > 0 then
+      reset = max(pe - now, 1)
+      ttl = reset
+    else
+      reset = max(ps + stop - start - now, 1)
+      ttl = reset + 345600000
+    end
+    if count + cost <= limit then
+      return 0, limit - count - cost, reset, put(s, mine, 'Q', ps, pe, par, count + cost), ttl
     end
     return -1 - reset, max(0, limit - count), reset
   end
@@ -339,7 +376,7 @@ local function make()
   -- Several requests may come in one call (a batch): they are decided one
   -- after the other, as separate calls would, but each key is read once and
   -- written once, with the TTL of its last charge.
-  local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
+  local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K', 'Q' }
   local cached, ttls = {}, {}
   -- The state of key `name` for check k of spec p: read once per call,
   -- and rescaled when it was written under other numbers of the same

@@ -23,7 +23,7 @@ impl RedisStore {
         if exists == 0 {
             return Ok(None);
         }
-        let (_, decided) = self.call(&[check], 0).await?;
+        let (_, decided) = self.call(&[check], self.pinned()).await?;
         Ok(decided.into_iter().next())
     }
 

@@ -122,6 +122,8 @@ pub struct RedisStore {
     options: RedisOptions,
     /// Script calls sent, for benchmarks and tests.
     calls: Arc<AtomicU64>,
+    /// This replica's clock: a calendar quota's period as it sees it.
+    clock: Clock,
     /// Single node only: requests queued into shared script calls.
     batcher: Option<Batcher>,
 }
@@ -196,6 +198,7 @@ impl RedisStore {
                 )
             }),
             calls,
+            clock: clock.clone(),
         };
         Ok((store, warning))
     }
@@ -224,6 +227,7 @@ impl RedisStore {
             options: self.options.clone(),
             calls: self.calls.clone(),
             batcher: self.batcher.clone(),
+            clock: self.clock.clone(),
         }
     }
 
@@ -231,6 +235,17 @@ impl RedisStore {
     /// connects anew).
     pub fn options(&self) -> &RedisOptions {
         &self.options
+    }
+
+    /// The clock scripts decide at: 0 for Redis `TIME`; a test's frozen
+    /// clock (so tests move periods and bans by the clock, never by
+    /// sleeping).
+    pub(super) fn pinned(&self) -> u64 {
+        if self.clock.is_frozen() {
+            self.clock.unix_ms()
+        } else {
+            0
+        }
     }
 
     /// Whether this is a Redis Cluster.
@@ -479,7 +494,7 @@ impl RedisStore {
         }
         cmd.arg(stamp);
         for c in checks {
-            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
+            let (tag, p1, p2, p3) = params(&c.limit.algorithm, || stamp);
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(c.cost);
         }
         let (script, timeout) = (self.refund.clone(), self.timeout * 4);
@@ -495,7 +510,7 @@ impl RedisStore {
 
     /// The script's part for one request, written with no formatting
     /// machinery: this runs for every request.
-    fn job(&self, checks: &[Check<'_>]) -> Job {
+    fn job(&self, checks: &[Check<'_>], now: u64) -> Job {
         let mut job = Job {
             keys: String::with_capacity(checks.len() * (self.prefix.len() + 40)),
             ends: SmallVec::new(),
@@ -508,7 +523,10 @@ impl RedisStore {
         };
         let mut digits = itoa::Buffer::new();
         for c in checks {
-            let (tag, p1, p2, p3) = params(&c.limit.algorithm);
+            let (tag, p1, p2, p3) = params(&c.limit.algorithm, || match now {
+                0 => self.clock.unix_ms(),
+                pinned => pinned,
+            });
             for n in [tag, p1, p2, p3] {
                 job.spec.push_str(digits.format(n));
                 job.spec.push(',');
@@ -530,7 +548,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<(u64, Vec<Decision>), LimiterError> {
-        let job = self.job(checks);
+        let job = self.job(checks, now);
         let answer = match (&self.batcher, now) {
             (Some(batcher), 0) => {
                 let reply = batcher.submit(job);
@@ -558,7 +576,7 @@ impl RedisStore {
             batch::STALE => LimiterError::Stale,
             _ => LimiterError::Unavailable(why),
         })?;
-        Ok((stamp, parse(checks, &values)))
+        Ok((stamp, parse(checks, &values, stamp)))
     }
 }
 
@@ -583,7 +601,7 @@ impl Store for RedisStore {
         &'a self,
         checks: &'a [Check<'a>],
     ) -> impl std::future::Future<Output = Result<Outcome, LimiterError>> + Send + 'a {
-        self.decide_clocked(checks, 0)
+        self.decide_clocked(checks, self.pinned())
     }
 }
 

@@ -92,7 +92,7 @@ impl RedisStore {
         }
         cmd.arg(age_ms);
         for (limit, _, delta) in items {
-            let (tag, p1, p2, p3) = super::setup::params(&limit.algorithm);
+            let (tag, p1, p2, p3) = super::setup::params(&limit.algorithm, || self.clock.unix_ms());
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(*delta);
         }
         let _: i64 = self.command(&mut cmd).await?;

@@ -3,7 +3,7 @@
 -- different slots, so no one script could decide them all).
 --
 -- KEYS[i]: the state of check i. ARGV[1]: the clock decide.lua charged at.
--- ARGV[2 + 5(i-1) ...]: algorithm (1-6: F S L B G K), p1, p2, p3, cost.
+-- ARGV[2 + 5(i-1) ...]: algorithm (1-7: F S L B G K Q), p1, p2, p3, cost.
 -- Only the charge made at that instant is taken back; TTLs are kept.
 
 local floor, max, min = math.floor, math.max, math.min
@@ -30,7 +30,7 @@ local function put(key, tag, list)
   redis.call('SET', key, table.concat(parts, ':') .. params, 'KEEPTTL')
 end
 
-local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
+local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K', 'Q' }
 for i = 1, #KEYS do
   local b = 2 + 5 * (i - 1)
   local tag = TAGS[tonumber(ARGV[b])]
@@ -60,6 +60,8 @@ for i = 1, #KEYS do
         local q = idiv(d, p1)
         put(key, 'G', { now + q, d - q * p1 })
       end
+    elseif tag == 'Q' then
+      put(key, 'Q', { s[1], s[2], max(0, s[3] - cost) })
     elseif tag == 'K' then
       put(key, 'K', { max(0, s[1] - 1000 * cost), s[2] })
     end

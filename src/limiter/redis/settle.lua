@@ -5,7 +5,7 @@
 -- reservation (within 5 ms, the two clocks' slack), an extra as a new entry.
 -- KEYS[i]: the state of check i. ARGV[1]: how long ago (ms) the costs
 -- were reserved. ARGV[2 + 5(i-1) ...]: algorithm (1-6: F S L B G K), p1,
--- p2, p3, delta: units more than reserved (fewer when negative). A state
+-- p2, p3, delta (7: Q, a calendar quota: its state "Q:start:end:count"): units more than reserved (fewer when negative). A state
 -- keeps the numbers it was written under ("|p1,p2,p3"); those are used
 -- when present. Clocked by Redis TIME; the TTL is kept or lengthened so
 -- a debt outlives its wait. Returns the number of keys settled.
@@ -20,7 +20,7 @@ local function idiv(a, b)
   return q
 end
 local function cdiv(a, b) return -idiv(-a, b) end
-local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K' }
+local TAGS = { 'F', 'S', 'L', 'B', 'G', 'K', 'Q' }
 local settled = 0
 for i = 1, #KEYS do
   local b = 2 + 5 * (i - 1)
@@ -97,6 +97,12 @@ for i = 1, #KEYS do
       for k = 1, #s - 1, 2 do
         if s[k + 1] > 0 then out[#out + 1] = s[k]; out[#out + 1] = s[k + 1] end
       end
+    end
+  elseif tag == 'Q' then
+    -- within the state's period (its end unknown: 0): an extra is added,
+    -- a refund taken back when reserved in it; past it, nothing
+    if s and (s[2] == 0 or now < s[2]) and (delta > 0 or at >= s[1]) then
+      out = { s[1], s[2], max(0, s[3] + delta) }
     end
   elseif tag == 'G' then
     local a, per = p[1], p[2]

@@ -97,10 +97,18 @@ pub(super) fn describe(e: &redis::RedisError) -> String {
     }
 }
 
-/// The script's arguments for an algorithm: tag and three numbers.
-pub(super) fn params(a: &Algorithm) -> (i64, i64, i64, i64) {
+/// The script's arguments for an algorithm: tag and three numbers. A
+/// calendar quota sends its period by this replica's clock, `now()`.
+pub(super) fn params(a: &Algorithm, now: impl FnOnce() -> u64) -> (i64, i64, i64, i64) {
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     match *a {
+        Algorithm::Quota {
+            limit,
+            ref calendar,
+        } => {
+            let (start, end) = calendar.bounds(now());
+            (7, n(limit), n(start), n(end))
+        }
         Algorithm::FixedWindow { limit, window_ms } => (1, n(limit), n(window_ms), 0),
         Algorithm::SlidingWindow { limit, window_ms } => (2, n(limit), n(window_ms), 0),
         Algorithm::SlidingLog { limit, window_ms } => (3, n(limit), n(window_ms), 0),
@@ -130,13 +138,13 @@ pub(super) fn params(a: &Algorithm) -> (i64, i64, i64, i64) {
 /// Decision numbers (three per decided check: code, remaining, reset ms)
 /// -> decisions. The code is 0 when allowed, the delay in ms when allowed
 /// after one, and -1 - the retry-after in ms when rejected.
-pub(super) fn parse(checks: &[Check<'_>], values: &[i64]) -> Vec<Decision> {
+pub(super) fn parse(checks: &[Check<'_>], values: &[i64], now: u64) -> Vec<Decision> {
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
     values
         .chunks_exact(STRIDE)
         .zip(checks)
         .map(|(v, c)| {
-            let (limit, window_ms) = c.limit.algorithm.policy();
+            let (limit, window_ms) = c.limit.algorithm.policy_at(now);
             let (verdict, retry_after_ms) = match v[0] {
                 0 => (Verdict::Allow, 0),
                 code if code > 0 => (Verdict::Delay(n(code)), 0),

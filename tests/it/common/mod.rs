@@ -155,6 +155,12 @@ impl Body for DiesMidBody {
     }
 }
 
+/// A secret's SHA-256 in hex, as key metadata files list keys.
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(s.as_bytes()))
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -482,6 +488,12 @@ impl TestProxy {
     /// run on real time).
     pub async fn spawn_frozen(yaml: &str) -> (TestProxy, tollgate::clock::FrozenClock) {
         let frozen = tollgate::clock::FrozenClock::new();
+        (Self::spawn_clocked(yaml, frozen.clock()).await, frozen)
+    }
+
+    /// [`TestProxy::spawn_frozen`], its clock stopped at `unix_ms`.
+    pub async fn spawn_at(yaml: &str, unix_ms: u64) -> (TestProxy, tollgate::clock::FrozenClock) {
+        let frozen = tollgate::clock::FrozenClock::at_unix_ms(unix_ms);
         (Self::spawn_clocked(yaml, frozen.clock()).await, frozen)
     }
 
