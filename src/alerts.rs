@@ -211,7 +211,7 @@ impl Alerts {
                         (r.is_some() && w.decided >= *min_requests && share >= *ratio)
                             .then(|| ("-".to_owned(), w.rejected))
                     }
-                    (AlertKind::KeyRejections(_), None) => None,
+                    (AlertKind::KeyRejections(_), None) | (AlertKind::QuotaUsed(_), _) => None,
                 }
             };
             if let Some((key, count)) = fired {
@@ -255,6 +255,41 @@ impl Alerts {
             window_s = alert.window.as_secs(),
             "alert"
         );
+        self.publish(alert);
+    }
+
+    /// A key's calendar quota after an admitted request: `used` of
+    /// `quota`. Rules `used:` fire once the share is reached (once per key
+    /// per cool-down).
+    pub fn quota(&self, limit: usize, key: &str, used: u64, quota: u64) {
+        let Some(rules) = self.by_limit.get(limit) else {
+            return;
+        };
+        for &i in rules {
+            if let AlertKind::QuotaUsed(share) = self.rules[i].kind {
+                if quota > 0 && used as f64 >= share * quota as f64 {
+                    self.fire(i, key.to_owned(), used, self.clock.now());
+                }
+            }
+        }
+    }
+
+    /// A penalty box banned `key` under `limit` (its `level`-th ban, for
+    /// `seconds`): logged and posted like an alert of the rule
+    /// `penalty_box`, without a cool-down (a ban starts once per strikes).
+    pub fn banned(&self, limit: &Arc<str>, key: &str, level: u32, seconds: u64) {
+        let alert = Alert {
+            rule: Arc::from("penalty_box"),
+            limit: limit.clone(),
+            key: key.to_owned(),
+            count: u64::from(level),
+            window: Duration::from_secs(seconds),
+        };
+        self.publish(alert);
+    }
+
+    /// Keeps `alert` for the dashboard and queues it for the webhook.
+    fn publish(&self, alert: Alert) {
         {
             let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
             if latest.len() == LATEST {

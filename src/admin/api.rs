@@ -314,9 +314,7 @@ pub async fn key(rest: &str, query: &str, p: &Pipeline) -> Reply {
 
 /// `billing_day=N` in a query string.
 fn billing_day(query: &str) -> Option<u8> {
-    query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("billing_day="))
+    param(query, "billing_day")
         .and_then(|d| d.parse().ok())
         .filter(|d| (1..=31).contains(d))
 }

@@ -18,6 +18,7 @@
 //! data: it asks for the token once and sends it with every API call.
 
 mod api;
+mod bans;
 mod dashboard;
 pub(crate) mod keys;
 mod overrides;
@@ -216,6 +217,10 @@ async fn answer(
                 ),
             })
         }
+        (&Method::GET, "/api/bans") => json(bans::list(&pipeline)),
+        (&Method::DELETE, p) if p.starts_with("/api/bans/") => {
+            json(bans::lift(&p["/api/bans/".len()..], &pipeline, &caller).await)
+        }
         (&Method::GET, "/api/overrides") => json(overrides::list(&pipeline).await),
         (m, p) if p.starts_with("/api/overrides/") => {
             let rest = &p["/api/overrides/".len()..];
@@ -231,7 +236,11 @@ async fn answer(
                 ),
             })
         }
-        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview" | "/api/overrides") => {
+        (_, p) if p.starts_with("/api/bans/") => json(problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/api/bans/<limit>/<key> takes DELETE (lift the ban)",
+        )),
+        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview" | "/api/overrides" | "/api/bans") => {
             json(problem(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes GET")))
         }
         (_, "/api/reload") => json(problem(StatusCode::METHOD_NOT_ALLOWED, "/api/reload takes POST")),

@@ -114,8 +114,14 @@ fn parse_body(body: &[u8], now_ms: u64) -> Result<Override, String> {
 
 /// The limits named `limit` and the bucket `written` falls in (the same
 /// for each), or the reply to give instead.
-fn target<'p>(p: &'p Pipeline, rest: &str) -> Result<(String, String, Vec<LimitView<'p>>), Reply> {
-    let (limit, written) = super::api::limit_and_key(rest, "overrides")?;
+/// The limits named in `<limit>/<key>` (of `/api/<endpoint>/`) and the
+/// key as they count it.
+pub(super) fn target<'p>(
+    p: &'p Pipeline,
+    rest: &str,
+    endpoint: &str,
+) -> Result<(String, String, Vec<LimitView<'p>>), Reply> {
+    let (limit, written) = super::api::limit_and_key(rest, endpoint)?;
     let views: Vec<LimitView<'p>> = p
         .limit_views()
         .into_iter()
@@ -144,7 +150,7 @@ fn target<'p>(p: &'p Pipeline, rest: &str) -> Result<(String, String, Vec<LimitV
 
 /// `PUT /api/overrides/<limit>/<key>`.
 pub async fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Reply {
-    let (limit, key, views) = match target(p, rest) {
+    let (limit, key, views) = match target(p, rest, "overrides") {
         Ok(t) => t,
         Err(reply) => return reply,
     };
@@ -186,7 +192,7 @@ pub async fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Repl
 
 /// `DELETE /api/overrides/<limit>/<key>`.
 pub async fn delete(rest: &str, p: &Pipeline, caller: &Caller) -> Reply {
-    let (limit, key, views) = match target(p, rest) {
+    let (limit, key, views) = match target(p, rest, "overrides") {
         Ok(t) => t,
         Err(reply) => return reply,
     };

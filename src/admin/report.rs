@@ -178,6 +178,11 @@ impl Sources for Pipeline {
         self.alerts.deliveries()
     }
 
+    fn penalties(&self) -> Vec<(Arc<str>, [u64; 3])> {
+        let now = self.engine.clock().unix_ms();
+        self.engine.penalties().counts(now)
+    }
+
     fn zone_stats(&self) -> Vec<(u64, u64)> {
         self.partitions
             .iter()

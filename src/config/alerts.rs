@@ -10,6 +10,18 @@ use super::compiled::*;
 use super::raw::RawAlerts;
 use crate::tls;
 
+/// A share above 0 and at most 1.
+fn share(c: &mut Checker, path: &str, t: &crate::config::raw::Text) -> f64 {
+    let v: f64 = t.0.trim().parse().unwrap_or(-1.0);
+    if !(v > 0.0 && v <= 1.0) {
+        c.report(
+            path,
+            format!("expected a share above 0 and at most 1, got \"{t}\""),
+        );
+    }
+    v
+}
+
 pub(super) fn alerts(
     raw: Option<&RawAlerts>,
     zones: &[ZoneConfig],
@@ -102,22 +114,30 @@ pub(super) fn alerts(
             );
         }
         let per = c.positive_duration(&format!("{path}.per"), &r.per, Duration::from_secs(60));
-        let kind = match (&r.rejections, &r.reject_ratio) {
-            (Some(_), None) => AlertKind::KeyRejections(c.number(
+        let kind = match (&r.rejections, &r.reject_ratio, &r.used) {
+            (None, None, Some(t)) => {
+                let share = share(c, &format!("{path}.used"), t);
+                let quota = routes
+                    .iter()
+                    .flat_map(|rt| &rt.limits)
+                    .any(|l| *l.limit.name == *r.limit && l.limit.algorithm.calendar().is_some());
+                if known && !quota {
+                    c.report(
+                        format!("{path}.used"),
+                        format!("\"{}\" is not a quota (algorithm: quota): use rejections or reject_ratio", r.limit),
+                    );
+                }
+                AlertKind::QuotaUsed(share)
+            }
+            (Some(_), None, None) => AlertKind::KeyRejections(c.number(
                 &format!("{path}.rejections"),
                 &r.rejections,
                 20u64,
                 1,
                 1_000_000_000,
             )),
-            (None, Some(t)) => {
-                let ratio: f64 = t.0.trim().parse().unwrap_or(-1.0);
-                if !(ratio > 0.0 && ratio <= 1.0) {
-                    c.report(
-                        format!("{path}.reject_ratio"),
-                        format!("expected a share above 0 and at most 1, got \"{t}\""),
-                    );
-                }
+            (None, Some(t), None) => {
+                let ratio = share(c, &format!("{path}.reject_ratio"), t);
                 AlertKind::RejectRatio {
                     ratio,
                     min_requests: c.number(
@@ -132,7 +152,7 @@ pub(super) fn alerts(
             _ => {
                 c.report(
                     path.clone(),
-                    "set exactly one of rejections (per key) and reject_ratio (per limit)",
+                    "set exactly one of rejections (per key), reject_ratio (per limit) and used (per key, a quota's share)",
                 );
                 continue;
             }

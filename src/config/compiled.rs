@@ -73,6 +73,8 @@ pub enum AlertKind {
     /// The limit's rejected share over `per` reaches `ratio`, once it has
     /// decided at least `min_requests`.
     RejectRatio { ratio: f64, min_requests: u64 },
+    /// One key has used this share of a calendar quota (`algorithm: quota`).
+    QuotaUsed(f64),
 }
 
 /// Where alerts are POSTed.
@@ -450,6 +452,7 @@ pub struct ZoneConfig {
     pub rate_text: Arc<str>,
     /// Per plan (indexed like `identity.plans.names`): other numbers.
     pub plans: Vec<Option<crate::limiter::Limit>>,
+    pub penalty: Option<Arc<super::penalty::Penalty>>,
 }
 
 /// Tier 2: one named limit on a route.
@@ -465,6 +468,7 @@ pub struct RouteLimit {
     pub settle: Option<Settle>,
     /// A monthly quota from each key's billing day (`anchor: billing_day`).
     pub billing_day: bool,
+    pub penalty: Option<Arc<super::penalty::Penalty>>,
     pub dry_run: bool,
     /// Charge only responses with these statuses (checked before, charged after).
     pub count_status: Option<Vec<u16>>,

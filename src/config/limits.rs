@@ -160,6 +160,7 @@ pub fn zones(
         }
         out.push(ZoneConfig {
             plans: super::plans::limit_plans(path, z.plans.as_ref(), &limit, plans, c),
+            penalty: super::penalty::penalty(path, z.penalty.as_ref(), c),
             limit,
             key,
             status,
@@ -472,6 +473,7 @@ fn route_limit(
         plans,
         settle,
         billing_day,
+        penalty: super::penalty::penalty(path, l.penalty.as_ref(), c),
         key: key_kind(&l.key, &format!("{path}.key"), KeyKind::UserOrIp, c),
         cost,
         dry_run: l.dry_run.unwrap_or(false),

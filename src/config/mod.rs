@@ -11,6 +11,7 @@ pub(crate) mod client;
 pub(crate) mod compiled;
 pub(crate) mod limits;
 pub(crate) mod load;
+pub(crate) mod penalty;
 pub(crate) mod plans;
 pub(crate) mod quota;
 pub(crate) mod raw;

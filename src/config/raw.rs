@@ -282,6 +282,17 @@ pub struct RawLimit {
     pub period: Option<String>,
     pub time_zone: Option<String>,
     pub anchor: Option<String>,
+    pub penalty: Option<RawPenalty>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPenalty {
+    pub after: Option<Text>,
+    pub within: Option<Text>,
+    pub ban: Option<Vec<Text>>,
+    pub forgive: Option<Text>,
+    pub status: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -313,6 +324,7 @@ pub struct RawZone {
     pub dry_run: Option<bool>,
     pub max_conn: Option<Text>,
     pub on_error: Option<String>,
+    pub penalty: Option<RawPenalty>,
     pub plans: Option<std::collections::BTreeMap<String, RawPlanNumbers>>,
 }
 
@@ -341,6 +353,7 @@ pub struct RawAlertRule {
     pub limit: String,
     pub rejections: Option<Text>,
     pub reject_ratio: Option<Text>,
+    pub used: Option<Text>,
     pub min_requests: Option<Text>,
     pub per: Option<Text>,
 }

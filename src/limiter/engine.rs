@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use super::memory::{Carry, MemoryStore, ZoneSpec};
 use super::overrides::{Override, Overrides};
+use super::penalty::PenaltyBox;
 use super::redis::{RedisOptions, RedisStore};
 use super::{
     decide_in_groups, Check, Decision, Limit, LimiterError, OnError, Outcome, Store, Verdict,
@@ -29,7 +30,11 @@ pub struct Engine {
     stats: Arc<Stats>,
     /// Per-key overrides (kept across reloads; on Redis, a copy of Redis's).
     overrides: Arc<Overrides>,
+    /// The penalty box (kept across reloads; on Redis, a copy of the bans).
+    penalties: Arc<PenaltyBox>,
 }
+
+mod penalty;
 
 /// What the engine counts, for metrics and warnings.
 struct Stats {
@@ -64,6 +69,7 @@ impl Engine {
                 overrides_read: AtomicU64::new(0),
             }),
             overrides: Arc::default(),
+            penalties: Arc::default(),
         }
     }
 
@@ -87,6 +93,7 @@ impl Engine {
             redis: store,
             stats: self.stats.clone(),
             overrides: self.overrides.clone(),
+            penalties: self.penalties.clone(),
         })
     }
 
@@ -107,6 +114,10 @@ impl Engine {
             // Not fatal: the first decision finds the version stale and
             // reads them again.
             let _ = engine.refresh_overrides().await;
+            // The bans in force, so a replica starting refuses them from
+            // its first request (not fatal either: its subscription reads
+            // them again).
+            engine.load_bans().await;
         }
         Ok(engine)
     }

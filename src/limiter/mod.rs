@@ -19,6 +19,7 @@ pub(crate) mod conn;
 pub(crate) mod engine;
 pub(crate) mod memory;
 pub(crate) mod overrides;
+pub(crate) mod penalty;
 pub(crate) mod redis;
 
 use std::future::Future;

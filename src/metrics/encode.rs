@@ -446,6 +446,30 @@ impl Scrape {
                 .into_iter()
                 .map(|(rule, n)| (vec![("rule", rule.to_string())], n)),
         )?;
+        let boxes = s.penalties();
+        let per = |i: usize| {
+            boxes
+                .iter()
+                .map(move |(l, c)| (vec![("limit", l.to_string())], c[i]))
+        };
+        counter(
+            e,
+            "tollgate_penalty_bans",
+            "Bans the penalty box started in this process, by limit.",
+            per(0),
+        )?;
+        counter(
+            e,
+            "tollgate_penalty_refused",
+            "Requests refused because their key served a ban, by limit.",
+            per(1),
+        )?;
+        gauge(
+            e,
+            "tollgate_penalty_boxed",
+            "Keys serving a ban now (every replica's, on Redis), by limit.",
+            per(2).map(|(l, n)| (l, n as i64)),
+        )?;
         counter(
             e,
             "tollgate_alert_deliveries",

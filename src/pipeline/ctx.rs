@@ -33,6 +33,12 @@ pub struct Ctx<'p> {
     pub plan: Option<u8>,
     /// The caller's billing day (1-31), for quotas anchored on it.
     pub billing_day: Option<u8>,
+    /// Calendar quotas this request was admitted by: (limit, key, used,
+    /// quota), for the alerts.
+    pub quotas: Vec<(super::decide::Origin, String, u64, u64)>,
+    /// A ban this request's refusal started: (limit, key as shown, ban,
+    /// seconds), for the alerts.
+    pub banned: Option<(Arc<str>, String, u32, u64)>,
     /// A verified token's claims, kept only when a limit reads a cost
     /// from one.
     pub claims: Option<Box<serde_json::Map<String, serde_json::Value>>>,
@@ -72,6 +78,8 @@ impl<'p> Ctx<'p> {
             identity: Identity::Anonymous,
             plan: None,
             billing_day: None,
+            banned: None,
+            quotas: Vec::new(),
             claims: None,
             reserved: Vec::new(),
             pending: Batch::default(),
@@ -116,6 +124,8 @@ pub enum Cause {
     Rate(Arc<str>),
     /// `max_conn`: at most this many requests at once.
     Concurrency(u32),
+    /// The key serves a ban of its penalty box (its n-th).
+    Penalty(u32),
 }
 
 impl Rejection {
@@ -128,6 +138,9 @@ impl Rejection {
             }
             Cause::Concurrency(max) => format!(
                 "concurrency limit '{name}' exceeded: at most {max} requests at once; retry in {retry}s"
+            ),
+            Cause::Penalty(level) => format!(
+                "abnormal usage: refused by limit '{name}' too often, this key is banned (ban {level}); retry in {retry}s"
             ),
         }
     }

@@ -194,6 +194,11 @@ async fn apply(
                 if limit.count_status.is_some() && d.admitted() {
                     cx.deferred.push((i, batch.key(item.key).to_owned()));
                 }
+                if d.admitted() && checks[start + k].limit.algorithm.calendar().is_some() {
+                    let used = d.limit.saturating_sub(d.remaining);
+                    let key = batch.key(item.key).to_owned();
+                    cx.quotas.push((item.origin, key, used, d.limit));
+                }
                 if let (Some(settle), true) = (&limit.settle, d.admitted()) {
                     let check = &checks[start + k];
                     cx.reserved.push(Reserved {
@@ -268,6 +273,21 @@ async fn apply(
                     }
                     (Origin::Route(_), None) => continue,
                 };
+                // A limit with a penalty box records the strike; a ban in
+                // force after it answers instead.
+                let penalty = match (items[worst].origin, route) {
+                    (Origin::Route(i), Some(r)) => r.limits[i].penalty.as_ref(),
+                    (Origin::Zone(z), _) => zones[z].penalty.as_ref(),
+                    (Origin::Route(_), None) => None,
+                };
+                if let Some(p) = penalty {
+                    let key = checks[start + worst].key;
+                    let name = rejection.limit.clone();
+                    if let Some(banned) = super::penalty::sentence(engine, &name, key, p, cx).await
+                    {
+                        return Err(banned.into());
+                    }
+                }
                 return Err(rejection.into());
             }
         }

@@ -33,6 +33,7 @@ pub async fn decide(
     if cx.bypass.is_some() {
         return Ok(());
     }
+    super::penalty::check(engine, zones.configs(), cx, headers, cfg, true)?;
     zones.count_users(cx, headers, cfg)?;
     if let Some(route) = cx.route {
         let src = KeySource {

@@ -31,6 +31,7 @@ pub(crate) mod identity;
 pub(crate) mod key;
 pub(crate) mod limits;
 pub(crate) mod normalize;
+pub(crate) mod penalty;
 pub(crate) mod proxy;
 pub(crate) mod record;
 mod replayed;
@@ -155,6 +156,14 @@ impl Pipeline {
                 partitions.push(l.limit.zone);
             }
         }
+        let boxes = zones.iter().any(|z| z.penalty.is_some())
+            || routes
+                .iter()
+                .flat_map(|r| &r.limits)
+                .any(|l| l.penalty.is_some());
+        if boxes {
+            engine.watch_bans();
+        }
         let listeners: Vec<&str> = config.listeners.iter().map(|l| l.name.as_str()).collect();
         let limit_names: Vec<Arc<str>> = limits.iter().map(|l| l.name.clone()).collect();
         let route_names: Vec<Arc<str>> = routes.iter().map(|r| r.name.clone()).collect();
@@ -261,6 +270,15 @@ impl Pipeline {
         }
         if cx.delayed_ms > 0 {
             m.delay(std::time::Duration::from_millis(cx.delayed_ms));
+        }
+        for (origin, key, used, quota) in &cx.quotas {
+            if let Some(limit) = index(*origin).filter(|&l| self.alerts.watches(l)) {
+                let shown = crate::metrics::top::display(key);
+                self.alerts.quota(limit, shown, *used, *quota);
+            }
+        }
+        if let Some((limit, key, level, seconds)) = &cx.banned {
+            self.alerts.banned(limit, key, *level, *seconds);
         }
     }
 
@@ -449,6 +467,14 @@ impl Pipeline {
         if cx.bypass.is_some() {
             cx.end.set_rate_limit(|| "bypass".to_owned());
         }
+        penalty::check(
+            &self.engine,
+            self.zones.configs(),
+            cx,
+            headers,
+            &self.client_ip,
+            false,
+        )?;
         // Decide the zones on their own when a later stage may refuse the
         // request or check a signature; else with the route limits.
         let early = self.identity.has_token(headers) || webhook::refuses(cx.route, ip);

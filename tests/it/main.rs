@@ -22,6 +22,7 @@ mod metrics;
 mod nginx_differential;
 mod package;
 mod parsers;
+mod penalty;
 mod pgo_train;
 mod plans;
 mod protection;

@@ -272,19 +272,6 @@ async fn listed(proxy: &TestProxy) -> usize {
         .len()
 }
 
-async fn admin_call(proxy: &TestProxy, method: &str, path: &str, body: Option<&str>) -> Got {
-    let mut c = h1(proxy.admin.expect("admin listener")).await;
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "admin")
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("content-type", "application/json")
-        .body(full(body.unwrap_or("").to_owned()))
-        .unwrap();
-    send1(&mut c, req).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_set_on_one_replica_holds_on_the_other_at_the_next_request() {
     let redis = RedisServer::start();
@@ -890,4 +877,8 @@ async fn on_a_cluster_an_override_reaches_the_other_replica_within_a_second() {
         },
     )
     .await;
+}
+
+async fn admin_call(proxy: &TestProxy, method: &str, path: &str, body: Option<&str>) -> Got {
+    admin_with(proxy, TOKEN, method, path, body).await
 }

@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{Request, StatusCode};
+use http::StatusCode;
 use jsonwebtoken::{encode, EncodingKey, Header};
 
 use crate::common::redis::RedisServer;
@@ -113,13 +113,7 @@ async fn admitted(r: &Replicas, headers: &[(&str, &str)]) -> (usize, Got) {
 }
 
 async fn admin_get(proxy: &TestProxy, path: &str) -> serde_json::Value {
-    let mut c = h1(proxy.admin.expect("admin listener")).await;
-    let req = Request::get(path)
-        .header("host", "admin")
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(String::new()))
-        .unwrap();
-    let got = send1(&mut c, req).await;
+    let got = admin_with(proxy, TOKEN, "GET", path, None).await;
     assert_eq!(got.status, StatusCode::OK, "{path}: {:?}", got.body);
     serde_json::from_slice(&got.body).unwrap()
 }
@@ -333,5 +327,79 @@ fn quota_config_problems_name_their_paths() {
     assert!(
         e.contains("routes[0].limits[0].period") && e.contains("only a quota"),
         "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_near_its_end_warns_and_fires_its_alert_rule() {
+    let (hook, mut posts) = receiver(true).await;
+    let alerts = format!(
+        "alerts:
+  webhook: {{ url: 'http://{hook}/hooks', timeout: 1s }}
+  rules: [{{ name: quota_low, limit: monthly, used: 0.75 }}]"
+    );
+    let limits =
+        "      - { name: monthly, algorithm: quota, key: user, limit: 4, period: month }\n";
+    let (proxy, _clock) =
+        TestProxy::spawn_at(&config("", limits, &alerts), at("2027-05-10T12:00:00Z")).await;
+    let token = format!("Bearer {}", jwt("erin", None));
+    let auth = [("authorization", token.as_str())];
+    for n in 1..=3 {
+        let got = get_from("127.0.0.1", proxy.addr(), "/", &auth).await;
+        assert_eq!(got.status, StatusCode::OK);
+        // warn_at (0.9 by default) is passed at the fourth, not before
+        assert!(
+            got.headers.get("x-ratelimit-warning").is_none(),
+            "request {n}"
+        );
+    }
+    let (_, body) = tokio::time::timeout(Duration::from_secs(5), posts.recv())
+        .await
+        .expect("the quota rule fired at 3 of 4")
+        .unwrap();
+    let alert: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(alert["alert"], "quota_low", "{alert}");
+    assert_eq!(alert["count"], 3, "{alert}");
+    assert!(alert["key"].as_str().unwrap().contains("erin"), "{alert}");
+    let last = get_from("127.0.0.1", proxy.addr(), "/", &auth).await;
+    assert_eq!(
+        header(&last, "x-ratelimit-warning"),
+        "\"monthly\": 4 of 4 used"
+    );
+    // A rule by share on a limit that is no quota is refused.
+    let wrong = config(
+        "",
+        "      - { name: monthly, algorithm: fixed_window, limit: 4, window: 1h }\n",
+        "alerts: { rules: [{ name: q, limit: monthly, used: 0.9 }] }",
+    );
+    let e = tollgate::Config::from_yaml(&wrong, &|_| None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("alerts.rules[0].used") && e.contains("not a quota"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_readme_quota_and_penalty_example_is_a_valid_config() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("```yaml\nidentity:\n  jwt: { algorithms: [HS256], secret: \"${JWT_SECRET}\" }\n  plans: { names: [free, pro], claim: plan, default: free }\n  billing_day:")
+        .expect("the README's quota and penalty box example");
+    let block = &readme[start + 8..];
+    let block = &block[..block.find("```").unwrap()];
+    let yaml = format!("listeners: [{{ bind: '127.0.0.1:0' }}]\n{block}");
+    let env = |name: &str| (name == "JWT_SECRET").then(|| SECRET.to_owned());
+    let config = tollgate::Config::from_yaml(&yaml, &env)
+        .unwrap_or_else(|e| panic!("the README's example does not load: {e}\n{yaml}"));
+    let limits: Vec<_> = config.routes.iter().flat_map(|r| &r.limits).collect();
+    assert!(limits.iter().any(|l| l.penalty.is_some()), "a penalty box");
+    assert!(
+        limits
+            .iter()
+            .any(|l| l.limit.algorithm.calendar().is_some()),
+        "a quota"
     );
 }

@@ -29,25 +29,26 @@ mod conn;
 mod function;
 mod keys;
 mod overrides;
+mod penalty;
 mod resets;
 mod setup;
+mod spec;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use smallvec::SmallVec;
 
 use super::memory::ZoneSpec;
 use super::{groups, stops, Check, Decision, LimiterError, Outcome, Store};
 use crate::clock::Clock;
-use batch::{Batcher, Job};
+use batch::Batcher;
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::Link;
 use function::Decide;
 use overrides::overrides_keys;
-use setup::{describe, params, parse, subscriber, suffixes, target};
+use setup::{describe, parse, subscriber, suffixes, target};
 
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
@@ -118,7 +119,7 @@ pub struct RedisStore {
     cache: Option<Arc<RejectCache>>,
     /// Shared by the stores reloads derive from this one: the last dropped
     /// closes the connection.
-    _alive: Arc<Alive>,
+    _alive: Option<Arc<Alive>>,
     options: RedisOptions,
     /// Script calls sent, for benchmarks and tests.
     calls: Arc<AtomicU64>,
@@ -183,10 +184,10 @@ impl RedisStore {
             timeout: options.timeout,
             cluster: options.cluster,
             cache,
-            _alive: Arc::new(Alive {
+            _alive: Some(Arc::new(Alive {
                 link: link.clone(),
                 resets,
-            }),
+            })),
             options: options.clone(),
             batcher: (!options.cluster).then(|| {
                 Batcher::start(
@@ -215,11 +216,19 @@ impl RedisStore {
             cache.clear();
         }
         RedisStore {
+            suffixes: suffixes(zones),
+            ..self.reloaded_parts()
+        }
+    }
+
+    /// A copy of every part.
+    fn reloaded_parts(&self) -> RedisStore {
+        RedisStore {
             link: self.link.clone(),
             decide: self.decide.clone(),
             refund: self.refund.clone(),
             prefix: self.prefix.clone(),
-            suffixes: suffixes(zones),
+            suffixes: self.suffixes.clone(),
             timeout: self.timeout,
             cluster: self.cluster,
             cache: self.cache.clone(),
@@ -229,6 +238,19 @@ impl RedisStore {
             batcher: self.batcher.clone(),
             clock: self.clock.clone(),
         }
+    }
+
+    /// The same store for a task of its own that must not keep the
+    /// connection open: it holds the returned link to the store's life
+    /// (gone when the store and every reload of it are dropped).
+    fn handle(&self) -> (RedisStore, std::sync::Weak<Alive>) {
+        let alive = self._alive.as_ref().map(Arc::downgrade).unwrap_or_default();
+        let handle = RedisStore {
+            _alive: None,
+            cache: None,
+            ..self.reloaded_parts()
+        };
+        (handle, alive)
     }
 
     /// The options it was connected with (a reload that changes them
@@ -480,65 +502,6 @@ impl RedisStore {
             Some(e) => Err(e),
             None => Ok(decisions),
         }
-    }
-
-    fn spawn_refund(&self, checks: &[Check<'_>], stamp: u64) {
-        let Ok((_, mut conn)) = self.link.get() else {
-            return;
-        };
-        // Built now: the refund finishes after the request has gone.
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.refund.get_hash()).arg(checks.len());
-        for c in checks {
-            cmd.arg(self.key(c));
-        }
-        cmd.arg(stamp);
-        for c in checks {
-            let (tag, p1, p2, p3) = params(&c.limit.algorithm, || stamp);
-            cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(c.cost);
-        }
-        let (script, timeout) = (self.refund.clone(), self.timeout * 4);
-        tokio::spawn(async move {
-            if batch::evalsha::<i64>(&mut conn, &script, &cmd, timeout)
-                .await
-                .is_err()
-            {
-                tracing::warn!("rate-limit store: could not give back a refused request's charge; it expires with its key");
-            }
-        });
-    }
-
-    /// The script's part for one request, written with no formatting
-    /// machinery: this runs for every request.
-    fn job(&self, checks: &[Check<'_>], now: u64) -> Job {
-        let mut job = Job {
-            keys: String::with_capacity(checks.len() * (self.prefix.len() + 40)),
-            ends: SmallVec::new(),
-            spec: String::with_capacity(checks.len() * 40),
-            // (a cluster keeps the version in another slot: not checked)
-            version: checks
-                .first()
-                .and_then(|c| c.overrides)
-                .filter(|_| !self.cluster),
-        };
-        let mut digits = itoa::Buffer::new();
-        for c in checks {
-            let (tag, p1, p2, p3) = params(&c.limit.algorithm, || match now {
-                0 => self.clock.unix_ms(),
-                pinned => pinned,
-            });
-            for n in [tag, p1, p2, p3] {
-                job.spec.push_str(digits.format(n));
-                job.spec.push(',');
-            }
-            job.spec.push_str(digits.format(c.cost));
-            job.spec.push_str(if c.peek { ",1," } else { ",0," });
-            job.spec.push_str(digits.format(c.group));
-            job.spec.push_str(if c.dry_run { ",1;" } else { ",0;" });
-            self.write_key(c, &mut job.keys);
-            job.ends.push(job.keys.len());
-        }
-        job
     }
 
     /// Decides one request's checks: through the batcher (one node), or in

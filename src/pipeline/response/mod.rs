@@ -49,9 +49,23 @@ struct Problem<'a> {
     retry_after: Option<u64>,
 }
 
+/// The problem type of a penalty box's refusal (the IETF rate-limit
+/// headers draft's).
+pub const ABNORMAL_USAGE: &str =
+    "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
+
 fn problem_json(status: StatusCode, detail: &str, limit: Option<(&str, u64)>) -> Bytes {
+    problem_json_of("about:blank", status, detail, limit)
+}
+
+fn problem_json_of(
+    kind: &'static str,
+    status: StatusCode,
+    detail: &str,
+    limit: Option<(&str, u64)>,
+) -> Bytes {
     let problem = Problem {
-        kind: "about:blank",
+        kind,
         title: status.canonical_reason().unwrap_or("Error"),
         status: status.as_u16(),
         detail,
@@ -136,7 +150,11 @@ fn rejection_body(r: &Rejection) -> Bytes {
         if let Some(hit) = entries.iter().find(|e| e.is_for(r)) {
             return hit.body.clone();
         }
-        let body = problem_json(r.status, &r.detail(), Some((&r.limit, r.retry_after)));
+        let kind = match r.cause {
+            Cause::Penalty(_) => ABNORMAL_USAGE,
+            _ => "about:blank",
+        };
+        let body = problem_json_of(kind, r.status, &r.detail(), Some((&r.limit, r.retry_after)));
         let entry = CachedRejection {
             limit: r.limit.clone(),
             cause: r.cause.clone(),

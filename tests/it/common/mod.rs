@@ -796,3 +796,77 @@ pub async fn tls_connect(
         .await
         .expect("TLS handshake")
 }
+
+// ----------------------------------------------------------------- metrics and alerts
+
+/// The value of the series named exactly `series` (name and labels).
+pub fn value(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// An HTTP receiver for alert webhooks: every POST's signature header and
+/// body, in order. `answer: false` accepts connections and never answers.
+pub async fn receiver(
+    answer: bool,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            if !answer {
+                held.push(tcp);
+                continue;
+            }
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let sig = req
+                                .headers()
+                                .get("x-tollgate-signature")
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default();
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let _ = tx.send((sig, String::from_utf8_lossy(&body).into_owned()));
+                            Ok::<_, std::convert::Infallible>(http::Response::new(empty()))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// An admin API call with `token`.
+pub async fn admin_with(
+    proxy: &TestProxy,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Got {
+    let mut c = h1(proxy.admin.expect("admin listener")).await;
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "admin")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(full(body.unwrap_or("").to_owned()))
+        .unwrap();
+    send1(&mut c, req).await
+}
