@@ -563,6 +563,7 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
             "plans": plans,
             "costs": costs,
             "overrides": overrides,
+            "bans": super::bans::bans(p, 50),
         }),
     )
 }

@@ -17,11 +17,17 @@ type Reply = (StatusCode, Value);
 
 /// `GET /api/bans`.
 pub fn list(p: &Pipeline) -> Reply {
+    (StatusCode::OK, json!({ "bans": bans(p, usize::MAX) }))
+}
+
+/// The first `n` bans in force, soonest end first, as JSON.
+pub(super) fn bans(p: &Pipeline, n: usize) -> Vec<Value> {
     let engine = p.engine();
     let now = engine.clock().unix_ms();
-    let bans: Vec<Value> = engine
+    engine
         .bans()
         .into_iter()
+        .take(n)
         .map(|(limit, key, ban)| {
             json!({
                 "limit": &*limit,
@@ -31,8 +37,7 @@ pub fn list(p: &Pipeline) -> Reply {
                 "ends_at_unix": ban.until / 1000,
             })
         })
-        .collect();
-    (StatusCode::OK, json!({ "bans": bans }))
+        .collect()
 }
 
 /// `DELETE /api/bans/<limit>/<key>`.

@@ -52,6 +52,17 @@ fn describe_limit(l: &RouteLimit) -> String {
     if let Some(settle) = &l.settle {
         notes.push(format!("settles from {}", settle.from));
     }
+    if let Some(cal) = l.limit.algorithm.calendar() {
+        let anchor = if l.billing_day {
+            ", from billing days"
+        } else {
+            ""
+        };
+        notes.push(format!("quota per {cal}{anchor}"));
+    }
+    if let Some(p) = &l.penalty {
+        notes.push(format!("penalty box: {}", p.describe()));
+    }
     match notes.is_empty() {
         true => l.limit.name.to_string(),
         false => format!("{} ({})", l.limit.name, notes.join(", ")),
@@ -179,7 +190,7 @@ impl Config {
             let (q, _) = z.limit.algorithm.policy();
             let _ = writeln!(
                 s,
-                "zone:      {} {} (burst {}), key {:?}{}{}",
+                "zone:      {} {} (burst {}), key {:?}{}{}{}",
                 z.limit.name,
                 z.rate_text,
                 q.saturating_sub(1),
@@ -187,6 +198,10 @@ impl Config {
                 z.max_conn
                     .map_or(String::new(), |m| format!(", max_conn {m}")),
                 if z.dry_run { ", dry run" } else { "" },
+                z.penalty.as_ref().map_or(String::new(), |p| format!(
+                    ", penalty box: {}",
+                    p.describe()
+                )),
             );
         }
         let _ = writeln!(s, "upstreams:");

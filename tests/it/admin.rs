@@ -376,7 +376,7 @@ routes:
   - name: login
     match: {{ path: /auth/login }}
     respond: {{ body: \"ok\\n\" }}
-    limits: [{{ name: login, algorithm: sliding_log, key: ip, limit: 5, window: 1m }}]
+    limits: [{{ name: login, algorithm: sliding_log, key: ip, limit: 5, window: 1m, penalty: {{ after: 25, ban: [10m] }} }}]
   - name: api
     match: {{ path_prefix: /api/ }}
     respond: {{ body: \"ok\\n\" }}
@@ -462,6 +462,20 @@ routes:
         .eval("document.querySelector('#overrides tr[data-key=\"203.0.113.9\"]').textContent")
         .await;
     assert!(ov.as_str().unwrap().contains('7'), "{ov}");
+    // The offender kept hitting the login limit: the penalty box holds it,
+    // and the Lift button (two clicks) ends the ban.
+    let lift = format!("document.querySelector('#bans tr[data-key=\"{OFFENDER}\"] button')");
+    browser
+        .wait_for(&format!("{lift} !== null"), Duration::from_secs(20))
+        .await;
+    browser.eval(&format!("{lift}.click(); true")).await;
+    browser.eval(&format!("{lift}.click(); true")).await;
+    browser
+        .wait_for(
+            &format!("document.getElementById('notice').textContent.includes('lifted the ban of {OFFENDER}')"),
+            Duration::from_secs(10),
+        )
+        .await;
     // Refreshes keep coming (every 2 s).
     let first = browser
         .eval("document.getElementById('updated').textContent")

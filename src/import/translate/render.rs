@@ -138,7 +138,11 @@ fn zones(out: &mut Out, above: &mut Above, before: &mut Before) -> Vec<(String, 
         };
         above.insert(
             ("zones".into(), zones.len()),
-            vec![format!("limit_req_zone at {}, limit_req at {at}", z.at)],
+            vec![
+                format!("limit_req_zone at {}, limit_req at {at}", z.at),
+                // (fail2ban is not in nginx.conf: say it where it would go)
+                "fail2ban banning what this zone refuses? add penalty: { after: <maxretry>, within: <findtime>, ban: [<bantime>, ...] } here".to_owned(),
+            ],
         );
         let zone = RawZone {
             name: name.clone(),
