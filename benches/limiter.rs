@@ -93,6 +93,16 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
                 delay: u64::MAX,
             },
         ),
+        (
+            "quota",
+            Algorithm::Quota {
+                limit: 1 << 50,
+                calendar: tollgate::limiter::Calendar::new(
+                    tollgate::limiter::Period::Month,
+                    tollgate::limiter::Zone::named("Europe/Berlin").unwrap(),
+                ),
+            },
+        ),
     ]
 }
 

@@ -30,10 +30,10 @@ pub fn count_cases(name: &str, at_least: u64, run: impl FnOnce()) -> u64 {
     ran
 }
 
-/// Each algorithm at 5 requests a minute, then at 10 (the leaky bucket in
+/// Each algorithm at 5 requests a minute (a quota: a day), then at 10 (the leaky bucket in
 /// nginx's terms: 5r/m burst 4, then 10r/m burst 9): the reload rescaling
 /// cases the memory store's and Redis's tests share.
-pub fn five_then_ten() -> [(Algorithm, Algorithm); 6] {
+pub fn five_then_ten() -> [(Algorithm, Algorithm); 7] {
     [
         (
             Algorithm::FixedWindow {
@@ -101,5 +101,13 @@ pub fn five_then_ten() -> [(Algorithm, Algorithm); 6] {
                 delay: u64::MAX,
             },
         ),
+        (quota(5), quota(10)),
     ]
+}
+
+/// A daily quota in UTC.
+fn quota(limit: u64) -> Algorithm {
+    let calendar =
+        crate::limiter::Calendar::new(crate::limiter::Period::Day, crate::limiter::Zone::utc());
+    Algorithm::Quota { limit, calendar }
 }

@@ -9,6 +9,7 @@
 //! container without `/usr/share/zoneinfo` counts the same periods).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use jiff::civil::Date;
@@ -109,13 +110,30 @@ impl fmt::Debug for Zone {
 }
 
 /// A quota's periods: which length, in which zone, from which day.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct Calendar {
     pub period: Period,
     pub zone: Zone,
     /// A monthly period's first day (1-31; past a month's end, its last
     /// day); 0 for the calendar's own (the 1st).
     pub day: u8,
+    /// Per day (0-31), the latest period found, as whole seconds packed
+    /// in one word (start << 32 | end; 0: none): a decision within it
+    /// costs two loads, not a time zone conversion. Shared by the
+    /// calendar's clones and its other days (`anchored`).
+    latest: Arc<[AtomicU64; 32]>,
+}
+
+impl PartialEq for Calendar {
+    fn eq(&self, other: &Calendar) -> bool {
+        (self.period, &self.zone, self.day) == (other.period, &other.zone, other.day)
+    }
+}
+impl Eq for Calendar {}
+impl std::hash::Hash for Calendar {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.period, &self.zone, self.day).hash(h)
+    }
 }
 
 impl Calendar {
@@ -124,6 +142,7 @@ impl Calendar {
             period,
             zone,
             day: 0,
+            latest: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 
@@ -137,6 +156,25 @@ impl Calendar {
 
     /// The period holding `now_ms`: its start and end, Unix ms.
     pub fn bounds(&self, now_ms: u64) -> (u64, u64) {
+        let slot = &self.latest[usize::from(self.day) % 32];
+        let packed = slot.load(Ordering::Relaxed);
+        let (start, end) = ((packed >> 32) * 1000, (packed & 0xffff_ffff) * 1000);
+        if now_ms >= start && now_ms < end {
+            return (start, end);
+        }
+        let (s, e) = self.find(now_ms);
+        // Kept when later than the one kept (an idle state's old period
+        // asked about does not push it out) and in whole seconds below
+        // 2^32 (zone offsets are whole seconds; dates to 2106).
+        let (ss, es) = (s / 1000, e / 1000);
+        if s > start && s % 1000 == 0 && e % 1000 == 0 && es <= u64::from(u32::MAX) {
+            slot.store(ss << 32 | es, Ordering::Relaxed);
+        }
+        (s, e)
+    }
+
+    /// [`Calendar::bounds`], worked out from the zone's rules.
+    fn find(&self, now_ms: u64) -> (u64, u64) {
         let tz = &self.zone.tz;
         let at = Timestamp::from_millisecond(now_ms.min(i64::MAX as u64) as i64)
             .unwrap_or(Timestamp::MAX);
@@ -299,6 +337,26 @@ mod tests {
             (s, e),
             (ms("2027-12-31T13:00:00Z"), ms("2028-12-31T13:00:00Z"))
         );
+    }
+
+    #[test]
+    fn a_remembered_period_answers_like_a_worked_out_one() {
+        let c = cal(Period::Month, "Europe/Berlin");
+        let billing = c.anchored(15);
+        let mut t = ms("2027-01-01T00:00:00Z");
+        while t < ms("2027-12-31T00:00:00Z") {
+            assert_eq!(c.bounds(t), c.find(t), "{t}");
+            assert_eq!(billing.bounds(t), billing.find(t), "{t}");
+            // an old period asked about in between changes nothing
+            assert_eq!(c.bounds(t - 40 * 86_400_000), c.find(t - 40 * 86_400_000));
+            t += 3_600_000 * 7 + 59_999;
+        }
+        assert_eq!(
+            c,
+            cal(Period::Month, "Europe/Berlin"),
+            "compared without the cache"
+        );
+        assert_ne!(c, billing);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use algorithm::{Algorithm, State};
+pub use calendar::{Calendar, Period, Zone};
 // What the binary, the integration tests and the benches open directly.
 pub use engine::Engine;
 pub use memory::{MemoryStore, ZoneSpec, ENTRY_BYTES};

@@ -109,6 +109,14 @@ fn every_algorithm() -> Vec<Limit> {
             burst: 0,
             delay: 0,
         },
+        // A day from midnight in Tokyo: 150 requests of a trace's 300.
+        Algorithm::Quota {
+            limit: 150,
+            calendar: tollgate::limiter::Calendar::new(
+                tollgate::limiter::Period::Day,
+                tollgate::limiter::Zone::named("Asia/Tokyo").unwrap(),
+            ),
+        },
     ];
     algorithms
         .into_iter()
@@ -446,7 +454,7 @@ async fn a_changed_limit_reads_old_state_rescaled_on_every_algorithm() {
             ran += 1;
         }
     }
-    assert_eq!(ran, 18);
+    assert_eq!(ran, 21);
 }
 
 /// A Redis user whose ACL allows scripts but not functions (as a managed

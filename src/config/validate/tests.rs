@@ -143,7 +143,7 @@ routes: [{ match: { path: / }, respond: {} }]
             "alerts.rules[1].name: needs a name of its own, got \"a\"",
             "alerts.rules[1].limit: no zone or route limit is named \"nope\"",
             "alerts.rules[1].reject_ratio: expected a share above 0 and at most 1, got \"1.5\"",
-            "alerts.rules[2]: set exactly one of rejections (per key) and reject_ratio (per limit)",
+            "alerts.rules[2]: set exactly one of rejections (per key), reject_ratio (per limit) and used (per key, a quota's share)",
         ],
     );
 }

@@ -177,6 +177,13 @@ mod tests {
                 limit: 100,
                 window_ms: 60_000,
             },
+            Algorithm::Quota {
+                limit: 100,
+                calendar: crate::limiter::Calendar::new(
+                    crate::limiter::Period::Day,
+                    crate::limiter::Zone::utc(),
+                ),
+            },
         ] {
             let now = 6_000_000;
             let mut s = State::Empty;
