@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Records kept at most (a flood of distinct keys forgets the oldest
 /// strikes first, never a ban in force).
@@ -104,8 +104,9 @@ pub fn strike(r: &mut Record, rules: &Rules, now: u64) -> Option<Ban> {
 /// (limit name, key). Kept across reloads.
 #[derive(Debug, Default)]
 pub struct PenaltyBox {
-    /// Per limit name, per key.
-    records: Mutex<Records>,
+    /// Per limit name, per key (read by every request once any ban was
+    /// put: a read lock).
+    records: RwLock<Records>,
     /// Bans ever put in the table: 0 lets [`PenaltyBox::banned`] answer
     /// without the lock.
     bans: AtomicUsize,
@@ -116,8 +117,12 @@ pub struct PenaltyBox {
 }
 
 impl PenaltyBox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::RwLockWriteGuard<'_, Records> {
+        self.records.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Records> {
+        self.records.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether any ban was ever put in the table (else nothing is boxed).
@@ -131,7 +136,7 @@ impl PenaltyBox {
         if !self.any() {
             return None;
         }
-        let r = *self.lock().get(&**name)?.get(key)?;
+        let r = *self.read().get(&**name)?.get(key)?;
         if r.until <= now {
             return None;
         }
@@ -230,7 +235,7 @@ impl PenaltyBox {
 
     /// The bans in force at `now`: (limit, key, ban), soonest end first.
     pub fn list(&self, now: u64) -> Vec<(Arc<str>, String, Ban)> {
-        let all = self.lock();
+        let all = self.read();
         let mut out: Vec<_> = all
             .iter()
             .flat_map(|(n, m)| m.iter().map(move |(k, r)| (n, k, r)))

@@ -22,6 +22,7 @@ pub(crate) mod body;
 pub(crate) mod bypass;
 pub(crate) mod client_ip;
 pub(crate) mod conn;
+mod counted;
 pub(crate) mod ctx;
 pub(crate) mod decide;
 pub(crate) mod discard;
@@ -73,7 +74,7 @@ use crate::alerts::Alerts;
 use crate::config::{BypassConfig, ClientIpConfig, Config, RouteAction, RouteConfig};
 use crate::error::ProxyError;
 use crate::limiter::engine::Engine;
-use crate::metrics::{LimitLabel, Metrics, Outcome};
+use crate::metrics::{LimitLabel, Metrics};
 
 /// The running config's request path: every request loads it once, so a
 /// reload swaps it whole and requests already inside finish on theirs.
@@ -240,46 +241,6 @@ impl Pipeline {
     /// The counters every request adds to (`/metrics`).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// Counts what the request's limits decided, now that the identity (and
-    /// so the user type) is known.
-    fn count(&self, cx: &Ctx<'_>) {
-        let m = &self.metrics;
-        if let Some(b) = cx.bypass {
-            m.bypass(b as usize);
-        }
-        let authenticated = matches!(cx.identity, identity::Identity::User(_));
-        let index = |origin| self.limit_index(origin, cx.route);
-        for &(origin, outcome) in &cx.counted {
-            if let Some(limit) = index(origin) {
-                m.decision(limit, outcome, authenticated);
-                if outcome != Outcome::Rejected && self.alerts.watches(limit) {
-                    self.alerts.decided(limit, None);
-                }
-            }
-        }
-        for (origin, outcome, key) in &cx.rejected_keys {
-            if let Some(limit) = index(*origin) {
-                m.rejected_key(limit, key);
-                if *outcome == Outcome::Rejected && self.alerts.watches(limit) {
-                    self.alerts
-                        .decided(limit, Some(crate::metrics::top::display(key)));
-                }
-            }
-        }
-        if cx.delayed_ms > 0 {
-            m.delay(std::time::Duration::from_millis(cx.delayed_ms));
-        }
-        for (origin, key, used, quota) in &cx.quotas {
-            if let Some(limit) = index(*origin).filter(|&l| self.alerts.watches(l)) {
-                let shown = crate::metrics::top::display(key);
-                self.alerts.quota(limit, shown, *used, *quota);
-            }
-        }
-        if let Some((limit, key, level, seconds)) = &cx.banned {
-            self.alerts.banned(limit, key, *level, *seconds);
-        }
     }
 
     /// The store the limits are decided by (for the admin API's key reads

@@ -368,3 +368,49 @@ routes:
     clock.advance(Duration::from_secs(180));
     assert_eq!(get("/").await.status, StatusCode::OK, "the ban served");
 }
+
+/// On a Redis Cluster of three primaries: a quota counts once across two
+/// replicas, and a ban started through one replica holds on the other
+/// (the announcement reaches every node's subscribers) and is lifted on
+/// both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_quotas_count_once_and_bans_reach_every_replica() {
+    let cluster = crate::common::redis::RedisCluster::start();
+    let store = format!(
+        "store: {{ kind: redis_cluster, nodes: {}, timeout: 2s }}",
+        cluster.seeds()
+    );
+    let yaml = config(&store, None, 429).replace(
+        "  - match: { path_prefix: / }\n    respond: { body: ok }\n",
+        "  - match: { path_prefix: / }\n    respond: { body: ok }\n    limits: [{ name: daily, algorithm: quota, key: ip, limit: 3, period: day, time_zone: Asia/Kolkata }]\n",
+    );
+    let (a, b) = (TestProxy::spawn(&yaml).await, TestProxy::spawn(&yaml).await);
+    let mut admitted = 0;
+    for n in 0..6 {
+        let addr = if n % 2 == 0 { a.addr() } else { b.addr() };
+        if get_from("127.0.0.9", addr, "/q", &[]).await.status == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3, "one day's quota across both replicas");
+
+    for addr in [a.addr(), b.addr(), a.addr()] {
+        login(addr, "127.0.0.9").await;
+    }
+    assert!(
+        is_boxed(&login(b.addr(), "127.0.0.9").await),
+        "the second refusal bans"
+    );
+    until(
+        Duration::from_secs(5),
+        "A to refuse the boxed key",
+        || async { is_boxed(&login(a.addr(), "127.0.0.9").await) },
+    )
+    .await;
+    let lifted = admin_with(&a, TOKEN, "DELETE", "/api/bans/login/127.0.0.9", None).await;
+    assert_eq!(lifted.status, StatusCode::OK, "{:?}", lifted.body);
+    until(Duration::from_secs(5), "B to hear of the lift", || async {
+        !is_boxed(&login(b.addr(), "127.0.0.9").await)
+    })
+    .await;
+}

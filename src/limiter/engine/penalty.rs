@@ -25,9 +25,9 @@ impl Engine {
         if let Some(redis) = &self.redis {
             match redis.strike(name, key, rules).await {
                 Ok(Some((ban, started))) => {
-                    if started {
-                        self.penalties.count(name, 0);
-                    }
+                    // (a ban in force that this copy had not heard of yet:
+                    // the request is refused by it all the same)
+                    self.penalties.count(name, if started { 0 } else { 1 });
                     self.penalties.put(name, key, ban);
                     return Some((ban, started));
                 }
@@ -39,7 +39,11 @@ impl Engine {
                 }
             }
         }
-        self.penalties.strike(name, key, rules, now)
+        let struck = self.penalties.strike(name, key, rules, now);
+        if struck.is_some_and(|(_, started)| !started) {
+            self.penalties.count(name, 1);
+        }
+        struck
     }
 
     /// Lifts `key`'s ban under limit `name`, here and in the store (and so
