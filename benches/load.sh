@@ -46,6 +46,12 @@
 #       an nginx `http2` listener, nginx reaching it through `grpc_pass`,
 #       its only HTTP/2 client, tollgate with `protocol: h2`), each proxy
 #       keeping its upstream connections
+#   QUOTAS=1 bash benches/load.sh
+#       also runs the two tiers with a monthly quota in a time zone and
+#       penalty boxes on the zone and the short limit (no ban: what the
+#       quota and the box's check add), next to the two tiers; and a zone
+#       whose penalty box has banned wrk's address (every request refused
+#       by the ban), next to the zone's own refusal
 #   PLANS=1 bash benches/load.sh
 #       also runs the two tiers with a plan (the plan read from a header
 #       of a trusted peer, every limit with numbers of its own for it) and
@@ -93,6 +99,7 @@ HEADS=${HEADS:-}
 TLS=${TLS:-}
 H2=${H2:-}
 PLANS=${PLANS:-}
+QUOTAS=${QUOTAS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
 HEAD_FIELDS=(
@@ -282,6 +289,18 @@ if [ -n "$PLANS" ]; then
     tollgate_config "$work/settle.yaml" $((BASE_PORT + 24)) $((BASE_PORT + 64)) 100000000r/s yes ""
     sed -i "s/burst: 1000000, key: ip }/burst: 1000000, key: ip, cost: 10, settle: { header: x-tokens-used } }/; s/127.0.0.1:$UP\"\]/127.0.0.1:$((UP + 9))\"]/" "$work/settle.yaml"
 fi
+if [ -n "$QUOTAS" ]; then
+    # The two tiers, a monthly quota beside them, a penalty box on the zone
+    # and on the short limit (never filled: the check alone).
+    tollgate_config "$work/quota.yaml" $((BASE_PORT + 25)) $((BASE_PORT + 65)) 100000000r/s yes ""
+    sed -i 's/status: 429 }\]/status: 429, penalty: { after: 5 } }]/;
+            s/burst: 1000000, key: ip }/burst: 1000000, key: ip, penalty: { after: 5 } }/' "$work/quota.yaml"
+    sed -i '/window: 1h, key: ip }/a\      - { name: monthly, algorithm: quota, limit: 1000000000000, period: month, time_zone: Europe/Berlin, key: ip }' "$work/quota.yaml"
+    # The reject config with a box that bans at the first refusal, for an
+    # hour: after two requests every one is refused by the ban.
+    tollgate_config "$work/boxed.yaml" $((BASE_PORT + 26)) $((BASE_PORT + 66)) 1r/m no ""
+    sed -i 's/status: 429 }\]/status: 429, penalty: { after: 1, ban: [1h] } }]/' "$work/boxed.yaml"
+fi
 cat > "$work/churn.lua" <<'LUA'
 counter = 0
 request = function()
@@ -320,6 +339,10 @@ if [ -n "$PLANS" ]; then
     TG_PLANS=$(start_tollgate "$TOLLGATE" "$work/plans.yaml"); pids+=("$TG_PLANS")
     TG_SETTLE=$(start_tollgate "$TOLLGATE" "$work/settle.yaml"); pids+=("$TG_SETTLE")
 fi
+if [ -n "$QUOTAS" ]; then
+    TG_QUOTA=$(start_tollgate "$TOLLGATE" "$work/quota.yaml"); pids+=("$TG_QUOTA")
+    TG_BOXED=$(start_tollgate "$TOLLGATE" "$work/boxed.yaml"); pids+=("$TG_BOXED")
+fi
 if [ -n "$BASELINE" ]; then
     B_ALLOW=$(start_tollgate "$BASELINE" "$work/base-allow.yaml"); pids+=("$B_ALLOW")
     B_REJECT=$(start_tollgate "$BASELINE" "$work/base-reject.yaml"); pids+=("$B_REJECT")
@@ -333,6 +356,14 @@ if [ -n "$TLS" ]; then
         curl -fsS --cacert "$work/cert.pem" "https://localhost:$port/" >/dev/null ||
             { echo "load.sh: nothing answers over TLS on $port" >&2; cat "$work"/*.log "$work/nginx-tls.err" >&2; exit 1; }
     done
+fi
+if [ -n "$QUOTAS" ]; then
+    for port in $((BASE_PORT + 25)) $((BASE_PORT + 26)); do
+        curl -fsS "http://127.0.0.1:$port/" >/dev/null ||
+            { echo "load.sh: nothing answers on $port" >&2; cat "$work"/*.log >&2; exit 1; }
+    done
+    curl -fsS -D - -o /dev/null "http://127.0.0.1:$((BASE_PORT + 25))/" | grep -qi '^ratelimit-policy: .*"monthly";q=1000000000000' ||
+        { echo "load.sh: the quota run does not carry its quota" >&2; exit 1; }
 fi
 if [ -n "$PLANS" ]; then
     for port in $((BASE_PORT + 23)) $((BASE_PORT + 24)); do
@@ -506,6 +537,12 @@ plan=(
     "nginx-allow-tls $((BASE_PORT + 3)) $NGINX_TLS_PIDS"
     "tollgate-allow-tls $((BASE_PORT + 16)) $TG_TLS"
 )
+# QUOTAS=1: the quota run just before the two tiers, the boxed one after.
+[ -n "$QUOTAS" ] && plan=(
+    "tollgate-quota $((BASE_PORT + 25)) $TG_QUOTA"
+    "${plan[@]}"
+    "tollgate-boxed $((BASE_PORT + 26)) $TG_BOXED"
+)
 # PLANS=1: the plan and the settlement runs just before the two tiers.
 [ -n "$PLANS" ] && plan=(
     "tollgate-settle $((BASE_PORT + 24)) $TG_SETTLE"
@@ -577,6 +614,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
 [ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2 nginx-allow-h2up tollgate-allow-h2up"
 [ -n "$PLANS" ] && names="$names tollgate-plans tollgate-settle"
+[ -n "$QUOTAS" ] && names="$names tollgate-quota tollgate-boxed"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
 [ -n "$SIDE_BY_SIDE" ] && [ -n "$BASELINE" ] && names="$names together-build-allow together-baseline-allow"
@@ -640,6 +678,11 @@ if [ -n "$H2" ]; then
     compare "HTTP/2 both legs: user CPU per request vs nginx" tollgate-allow-h2up nginx-allow-h2up 8
     compare "HTTP/2 both legs: p99 vs nginx" tollgate-allow-h2up nginx-allow-h2up 6
     compare "HTTP/2 both legs: throughput vs nginx" tollgate-allow-h2up nginx-allow-h2up 4
+fi
+if [ -n "$QUOTAS" ]; then
+    compare "quota + box checks: CPU per request vs two tiers" tollgate-quota tollgate-two-tiers 7
+    compare "quota + box checks: throughput vs two tiers" tollgate-quota tollgate-two-tiers 4
+    compare "refused by a ban: CPU per request vs zone's 429" tollgate-boxed tollgate-reject 7
 fi
 if [ -n "$PLANS" ]; then
     compare "plan lookup: CPU per request vs two tiers" tollgate-plans tollgate-two-tiers 7

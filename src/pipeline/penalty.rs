@@ -48,11 +48,15 @@ pub fn check(
             let ban = engine.banned(name, &k)?;
             Some(refusal(engine, name, ban, p.status))
         };
-    let met: Vec<usize> = match cx.route {
-        Some(r) => r.zones.clone(),
-        None => (0..zones.len()).collect(),
+    let every: Vec<usize>;
+    let met = match cx.route {
+        Some(r) => &r.zones[..],
+        None => {
+            every = (0..zones.len()).collect();
+            &every[..]
+        }
     };
-    for z in met {
+    for &z in met {
         let zone = &zones[z];
         if let Some(r) = boxed(&zone.key, &zone.limit.name, &zone.penalty) {
             return Err(r.into());
