@@ -209,13 +209,17 @@ impl PenaltyBox {
         Some((ban, started))
     }
 
-    /// Puts a ban another replica started (or Redis holds) in the table.
-    pub fn put(&self, name: &str, key: &str, ban: Ban) {
+    /// Puts a ban another replica started (or Redis holds) in the table
+    /// (ended ones are dropped first when the table is full).
+    pub fn put(&self, name: &str, key: &str, ban: Ban, now: u64) {
         let mut all = self.lock();
         let map = match all.get_mut(name) {
             Some(m) => m,
             None => all.entry(Arc::from(name)).or_default(),
         };
+        if map.len() >= MAX_RECORDS {
+            map.retain(|_, r| r.until > now);
+        }
         let r = map.entry(key.to_owned()).or_default();
         if ban.until > r.until {
             r.until = ban.until;
@@ -338,6 +342,7 @@ mod tests {
                 until: 500,
                 level: 2,
             },
+            100,
         );
         let listed: Vec<_> = table.list(100).into_iter().map(|(_, k, _)| k).collect();
         assert_eq!(listed, ["ip:192.0.2.9", "ip:192.0.2.1"]);

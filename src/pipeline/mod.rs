@@ -311,8 +311,12 @@ impl Pipeline {
             Err(Stop::Limited(rejection)) => {
                 self.metrics.limited();
                 tracing::debug!(client = %cx.client.client.ip, limit = %rejection.limit, "request refused by a rate limit");
+                let how = match rejection.cause {
+                    ctx::Cause::Penalty(_) => "banned",
+                    _ => "rejected",
+                };
                 cx.end
-                    .set_rate_limit(|| format!("rejected:{}", rejection.limit));
+                    .set_rate_limit(|| format!("{how}:{}", rejection.limit));
                 let resp = response::rejected(&rejection, cx.route, &cx.applied);
                 if response::grpc::is_grpc(req.headers()) {
                     let detail = rejection.detail();

@@ -28,7 +28,7 @@ impl Engine {
                     // (a ban in force that this copy had not heard of yet:
                     // the request is refused by it all the same)
                     self.penalties.count(name, if started { 0 } else { 1 });
-                    self.penalties.put(name, key, ban);
+                    self.penalties.put(name, key, ban, now);
                     return Some((ban, started));
                 }
                 Ok(None) => return None,
@@ -75,8 +75,9 @@ impl Engine {
     pub(super) async fn load_bans(&self) {
         if let Some(redis) = &self.redis {
             if let Ok(bans) = redis.load_bans(self.memory.now_ms()).await {
+                let now = self.memory.now_ms();
                 for (name, key, ban) in bans {
-                    self.penalties.put(&name, &key, ban);
+                    self.penalties.put(&name, &key, ban, now);
                 }
             }
         }

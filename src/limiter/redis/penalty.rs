@@ -208,7 +208,7 @@ impl RedisStore {
             }
         };
         for (name, key, ban) in &held {
-            table.put(name, key, *ban);
+            table.put(name, key, *ban, now);
         }
         let mut restored = 0;
         for (name, key, ban) in table.list(now) {
@@ -244,7 +244,7 @@ fn apply(table: &PenaltyBox, text: &str, now: u64) {
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some("ban"), Some(name), Some(key), Some(v)) => {
             if let Some(ban) = parse_ban(v) {
-                table.put(name, key, ban);
+                table.put(name, key, ban, now);
             }
         }
         (Some("lift"), Some(name), Some(key), None) => {
