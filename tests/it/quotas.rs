@@ -403,3 +403,42 @@ fn the_readme_quota_and_penalty_example_is_a_valid_config() {
         "a quota"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_gives_its_own_quota() {
+    let limits = "      - { name: monthly, algorithm: quota, key: user, limit: 2, period: month, time_zone: Europe/Paris, plans: { pro: { limit: 4 } } }\n";
+    let plans = "  plans: { names: [free, pro], claim: plan, default: free }";
+    for redis in [false, true] {
+        let r = Replicas::start(redis, at("2027-07-14T10:00:00Z"), |s| {
+            config(s, limits, plans)
+        })
+        .await;
+        let token = |sub: &str, plan: &str| {
+            let claims = serde_json::json!({ "sub": sub, "plan": plan, "exp": 4_000_000_000u64 });
+            let t = encode(
+                &Header::default(),
+                &claims,
+                &EncodingKey::from_secret(SECRET.as_bytes()),
+            );
+            format!("Bearer {}", t.unwrap())
+        };
+        let (pro, free) = (token("pam", "pro"), token("fred", "free"));
+        let (n, refused) = admitted(&r, &[("authorization", pro.as_str())]).await;
+        assert_eq!(n, 4, "{}: pro's quota", r.name());
+        let detail = String::from_utf8_lossy(&refused.body).into_owned();
+        assert!(
+            detail.contains("4 requests per month (Europe/Paris)"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("resets at 2027-08-01T00:00:00+02:00"),
+            "{detail}"
+        );
+        assert_eq!(
+            admitted(&r, &[("authorization", free.as_str())]).await.0,
+            2,
+            "{}",
+            r.name()
+        );
+    }
+}
