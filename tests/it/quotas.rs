@@ -383,17 +383,8 @@ async fn a_quota_near_its_end_warns_and_fires_its_alert_rule() {
 
 #[test]
 fn the_readme_quota_and_penalty_example_is_a_valid_config() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme
-        .find("```yaml\nidentity:\n  jwt: { algorithms: [HS256], secret: \"${JWT_SECRET}\" }\n  plans: { names: [free, pro], claim: plan, default: free }\n  billing_day:")
-        .expect("the README's quota and penalty box example");
-    let block = &readme[start + 8..];
-    let block = &block[..block.find("```").unwrap()];
-    let yaml = format!("listeners: [{{ bind: '127.0.0.1:0' }}]\n{block}");
-    let env = |name: &str| (name == "JWT_SECRET").then(|| SECRET.to_owned());
-    let config = tollgate::Config::from_yaml(&yaml, &env)
-        .unwrap_or_else(|e| panic!("the README's example does not load: {e}\n{yaml}"));
+    let start = "identity:\n  jwt: { algorithms: [HS256], secret: \"${JWT_SECRET}\" }\n  plans: { names: [free, pro], claim: plan, default: free }\n  billing_day:";
+    let config = readme_config(start, SECRET);
     let limits: Vec<_> = config.routes.iter().flat_map(|r| &r.limits).collect();
     assert!(limits.iter().any(|l| l.penalty.is_some()), "a penalty box");
     assert!(

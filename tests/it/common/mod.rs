@@ -870,3 +870,19 @@ pub async fn admin_with(
         .unwrap();
     send1(&mut c, req).await
 }
+
+/// The README's YAML block that starts with `start` (after "```yaml\n"),
+/// as a config with a listener, loaded with `JWT_SECRET` = `secret`.
+pub fn readme_config(start: &str, secret: &str) -> tollgate::Config {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme
+        .find(&format!("```yaml\n{start}"))
+        .unwrap_or_else(|| panic!("no README block starts with {start:?}"));
+    let block = &readme[at + 8..];
+    let block = &block[..block.find("```").unwrap()];
+    let yaml = format!("listeners: [{{ bind: '127.0.0.1:0' }}]\n{block}");
+    let env = |name: &str| (name == "JWT_SECRET").then(|| secret.to_owned());
+    tollgate::Config::from_yaml(&yaml, &env)
+        .unwrap_or_else(|e| panic!("the README's example does not load: {e}\n{yaml}"))
+}
