@@ -414,3 +414,45 @@ async fn on_a_cluster_quotas_count_once_and_bans_reach_every_replica() {
     })
     .await;
 }
+
+/// A ban started while Redis cannot answer (strikes then count in the
+/// replica) reaches Redis, and so the other replica, once Redis answers
+/// again: never lost silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_started_while_redis_is_stopped_reaches_the_other_replica_after() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "store: {{ kind: redis, url: '{}', timeout: 100ms, breaker: {{ failures: 1, probe_interval: 100ms }} }}",
+        redis.url()
+    );
+    let start = 1_900_000_000_000;
+    let (a, _ca) = TestProxy::spawn_at(&config(&store, None, 429), start).await;
+    let (b, _cb) = TestProxy::spawn_at(&config(&store, None, 429), start).await;
+    redis.pause(true);
+    // A decides alone (on_error: local) and boxes the address itself.
+    let mut boxed_on_a = false;
+    for _ in 0..6 {
+        if is_boxed(&login(a.addr(), "127.0.0.10").await) {
+            boxed_on_a = true;
+            break;
+        }
+    }
+    assert!(boxed_on_a, "A boxes the key while Redis is stopped");
+    redis.pause(false);
+    until(
+        Duration::from_secs(10),
+        "the ban to reach Redis",
+        || async {
+            redis
+                .cli(&["HGETALL", "tollgate:{bans}"])
+                .contains("127.0.0.10")
+        },
+    )
+    .await;
+    until(
+        Duration::from_secs(5),
+        "B to refuse the key A boxed",
+        || async { is_boxed(&login(b.addr(), "127.0.0.10").await) },
+    )
+    .await;
+}

@@ -40,8 +40,12 @@ impl Engine {
             }
         }
         let struck = self.penalties.strike(name, key, rules, now);
-        if struck.is_some_and(|(_, started)| !started) {
-            self.penalties.count(name, 1);
+        match (struck, &self.redis) {
+            (Some((_, false)), _) => self.penalties.count(name, 1),
+            // Started here while Redis failed: written there once it
+            // answers, for the other replicas.
+            (Some((ban, true)), Some(redis)) => redis.restore_later(name, key, ban),
+            _ => {}
         }
         struck
     }

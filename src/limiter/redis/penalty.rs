@@ -145,6 +145,28 @@ impl RedisStore {
         self.announce(name, key, ban).await
     }
 
+    /// Writes `ban` (started by this replica while Redis failed) to Redis
+    /// once it answers again: tried every probe interval until it is
+    /// written or has ended, so it reaches the other replicas.
+    pub fn restore_later(&self, name: &str, key: &str, ban: Ban) {
+        let (store, alive) = self.handle();
+        let (name, key) = (name.to_owned(), key.to_owned());
+        let retry = self.options.probe_interval.max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(retry).await;
+                let now = store.clock.unix_ms();
+                if alive.strong_count() == 0 || ban.until <= now {
+                    return;
+                }
+                if store.restore(&name, &key, ban, now).await.is_ok() {
+                    tracing::info!(limit = %name, "penalty box: a ban started while Redis failed is now in Redis");
+                    return;
+                }
+            }
+        });
+    }
+
     /// Keeps `table` a copy of the bans in force: reads them at every
     /// (re)subscription, writing back those Redis lost, then follows the
     /// announcements. Ends when the table is gone.
