@@ -94,7 +94,8 @@ pub fn limits(p: &Pipeline) -> Reply {
     let limits: Vec<Value> = labelled(p)
         .enumerate()
         .map(|(i, (label, v))| {
-            let (quota, window_ms) = v.limit.algorithm.policy();
+            let now = p.engine().clock().unix_ms();
+            let (quota, window_ms) = v.limit.algorithm.policy_at(now);
             let stats = p.engine().memory().stats(v.limit.zone);
             let mut o = limit_json(label, &v);
             o["algorithm"] = json!(v.limit.algorithm.name());
@@ -119,6 +120,9 @@ pub fn limits(p: &Pipeline) -> Reply {
                 None => Value::Null,
                 Some(s) => json!(s.from.to_string()),
             };
+            // A quota's period ("month (Europe/Berlin)"); a penalty box.
+            o["period"] = json!(v.limit.algorithm.calendar().map(ToString::to_string));
+            o["penalty"] = penalty_json(&v);
             o
         })
         .collect();
@@ -130,6 +134,22 @@ pub fn limits(p: &Pipeline) -> Reply {
             "limits": limits,
         }),
     )
+}
+
+/// A limit's penalty box: `{after, within_seconds, ban_seconds,
+/// forgive_seconds, status}`, or null.
+fn penalty_json(v: &LimitView<'_>) -> Value {
+    let Some(b) = v.penalty else {
+        return Value::Null;
+    };
+    let seconds = |ms: u64| ms as f64 / 1000.0;
+    json!({
+        "after": b.rules.after,
+        "within_seconds": seconds(b.rules.within_ms),
+        "ban_seconds": b.rules.bans_ms.iter().map(|m| seconds(*m)).collect::<Vec<_>>(),
+        "forgive_seconds": seconds(b.rules.forgive_ms),
+        "status": b.status.as_u16(),
+    })
 }
 
 /// A limit's numbers per plan: `[{plan, quota, window_seconds}]`.
@@ -447,6 +467,7 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
                 .map(|o| json!({ "key": o.key, "rejections": o.count }))
                 .collect();
             o["plans"] = plans_json(p, &v);
+            o["penalty"] = penalty_json(&v);
             o
         })
         .collect();

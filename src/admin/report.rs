@@ -21,6 +21,7 @@ pub struct LimitView<'a> {
     pub route: &'a str,
     pub plans: Vec<(usize, &'a crate::limiter::Limit)>,
     pub settle: Option<&'a crate::config::Settle>,
+    pub penalty: Option<&'a crate::config::penalty::Penalty>,
 }
 
 impl Pipeline {
@@ -45,6 +46,7 @@ impl Pipeline {
             route: "-",
             plans: Vec::new(),
             settle: None,
+            penalty: z.penalty.as_deref(),
         });
         let routes = self.routes.iter().flat_map(|r| {
             r.limits.iter().map(|l| LimitView {
@@ -60,6 +62,7 @@ impl Pipeline {
                     .filter_map(|(i, p)| Some((i, p.as_ref()?)))
                     .collect(),
                 settle: l.settle.as_ref(),
+                penalty: l.penalty.as_deref(),
             })
         });
         zones.chain(routes).collect()

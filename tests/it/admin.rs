@@ -462,6 +462,13 @@ routes:
         .eval("document.querySelector('#overrides tr[data-key=\"203.0.113.9\"]').textContent")
         .await;
     assert!(ov.as_str().unwrap().contains('7'), "{ov}");
+    let card = browser
+        .eval("document.querySelector('section.limit[data-limit=\"login\"] .penalty').textContent")
+        .await;
+    assert!(
+        card.as_str().unwrap().contains("penalty box: 25 refusals"),
+        "{card}"
+    );
     // The offender kept hitting the login limit: the penalty box holds it,
     // and the Lift button (two clicks) ends the ban.
     let lift = format!("document.querySelector('#bans tr[data-key=\"{OFFENDER}\"] button')");

@@ -348,6 +348,18 @@ routes:
     );
     let (proxy, clock) = TestProxy::spawn_at(&yaml, 1_900_000_000_000).await;
     let addr = proxy.addr();
+    let limits = admin_with(&proxy, TOKEN, "GET", "/api/limits", None).await;
+    let limits: serde_json::Value = serde_json::from_slice(&limits.body).unwrap();
+    let zone = &limits["limits"][0]["penalty"];
+    assert_eq!(
+        (
+            zone["after"].as_u64(),
+            zone["status"].as_u64(),
+            zone["ban_seconds"][0].as_f64()
+        ),
+        (Some(2), Some(403), Some(300.0)),
+        "{limits}"
+    );
     let get = |path: &'static str| async move { get_from("127.0.0.7", addr, path, &[]).await };
     assert_eq!(get("/a").await.status, StatusCode::OK);
     assert_eq!(get("/a").await.status, StatusCode::OK);

@@ -175,6 +175,18 @@ async fn a_monthly_quota_in_new_york_resets_at_local_midnight() {
             assert_eq!(s["period_start"], "2027-01-01T00:00:00-05:00", "{read}");
         }
 
+        // /api/limits names the period, with January's real length.
+        let limits = admin_get(&r.proxies[0].0, "/api/limits").await;
+        let monthly = limits["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["limit"] == "monthly")
+            .cloned()
+            .unwrap_or_else(|| panic!("{limits}"));
+        assert_eq!(monthly["period"], "month (America/New_York)", "{monthly}");
+        assert_eq!(monthly["window_seconds"], 2_678_400.0, "{monthly}");
+        assert_eq!(monthly["algorithm"], "quota", "{monthly}");
         // A millisecond before local midnight: still January.
         r.advance(Duration::from_millis(119_999));
         let still = get_from("127.0.0.1", r.addr(1), "/", &auth).await;
