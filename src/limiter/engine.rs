@@ -86,7 +86,14 @@ impl Engine {
         let store = match (redis, &self.redis) {
             (None, _) => None,
             (Some(o), Some(r)) if r.options() == o => Some(r.reloaded(zones)),
-            (Some(o), _) => Some(connect(o, zones, self.clock()).await?),
+            (Some(o), _) => {
+                // Another Redis: its bans are followed anew (the pipeline
+                // built on this engine starts the subscription).
+                self.penalties
+                    .watching
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                Some(connect(o, zones, self.clock()).await?)
+            }
         };
         Ok(Engine {
             memory: self.memory.reloaded(zones, carry),
