@@ -13,6 +13,8 @@
 //!   -> pipeline::route       host / path / method match
 //!      (pipeline::normalize: one spelling per path, before matching)
 //!   -> pipeline::bypass      bypass paths / tokens / sources, webhook sources
+//!   -> pipeline::penalty     a key serving a ban is refused before any limit
+//!                            (keys by user: again right after the identity)
 //!   -> pipeline::zones       tier 1 keyed by ip / header / global: counts
 //!                            every request, before any credential
 //!   -> pipeline::identity    verified JWT claim or API-key hash -> user, plan
