@@ -30,7 +30,7 @@ use crate::pipeline::Pipeline;
 type Reply = (StatusCode, Value);
 
 /// The value of `name` in a query string, %-decoded.
-fn param(query: &str, name: &str) -> Option<String> {
+pub(super) fn param(query: &str, name: &str) -> Option<String> {
     query
         .split('&')
         .filter_map(|kv| kv.split_once('='))

@@ -15,9 +15,18 @@ use crate::pipeline::Pipeline;
 
 type Reply = (StatusCode, Value);
 
-/// `GET /api/bans`.
-pub fn list(p: &Pipeline) -> Reply {
-    (StatusCode::OK, json!({ "bans": bans(p, usize::MAX) }))
+/// `GET /api/bans[?n=1000]`: the first `n` (at most 100000), soonest end
+/// first, and how many there are.
+pub fn list(p: &Pipeline, query: &str) -> Reply {
+    let n = super::api::param(query, "n")
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1000)
+        .clamp(1, 100_000);
+    let total = p.engine().bans().len();
+    (
+        StatusCode::OK,
+        json!({ "bans": bans(p, n), "total": total }),
+    )
 }
 
 /// The first `n` bans in force, soonest end first, as JSON.

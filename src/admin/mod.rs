@@ -217,7 +217,7 @@ async fn answer(
                 ),
             })
         }
-        (&Method::GET, "/api/bans") => json(bans::list(&pipeline)),
+        (&Method::GET, "/api/bans") => json(bans::list(&pipeline, &query)),
         (&Method::DELETE, p) if p.starts_with("/api/bans/") => {
             json(bans::lift(&p["/api/bans/".len()..], &pipeline, &caller).await)
         }

@@ -144,6 +144,7 @@ async fn bans_escalate_hold_on_every_replica_and_lift_everywhere() {
             assert_eq!(list["bans"][0]["key"], "127.0.0.3", "{who}: {list}");
             assert_eq!(list["bans"][0]["ban"], 1, "{list}");
             assert_eq!(list["bans"][0]["ends_in_seconds"], 60, "{list}");
+            assert_eq!(list["total"], 1, "{list}");
         }
         // One ban started, by one replica; every replica's gauge shows it.
         let mut started = 0.0;
