@@ -18,22 +18,11 @@ pub fn quota(path: &str, l: &RawLimit, c: &mut Checker) -> Option<(Algorithm, bo
         );
         return None;
     }
-    let limit = match &l.limit {
-        Some(t) => match t.0.trim().parse::<u64>() {
-            Ok(n) => n,
-            Err(_) => {
-                c.report(
-                    format!("{path}.limit"),
-                    format!("expected a whole number, got \"{t}\""),
-                );
-                return None;
-            }
-        },
-        None => {
-            c.report(format!("{path}.limit"), "a quota needs limit and period");
-            return None;
-        }
-    };
+    if l.limit.is_none() {
+        c.report(format!("{path}.limit"), "a quota needs limit and period");
+        return None;
+    }
+    let limit = c.number(&format!("{path}.limit"), &l.limit, 1u64, 1, 1 << 53);
     let period = match l.period.as_deref().map(str::parse::<Period>) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {

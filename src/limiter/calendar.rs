@@ -175,10 +175,7 @@ impl Calendar {
 
     /// [`Calendar::bounds`], worked out from the zone's rules.
     fn find(&self, now_ms: u64) -> (u64, u64) {
-        let tz = &self.zone.tz;
-        let at = Timestamp::from_millisecond(now_ms.min(i64::MAX as u64) as i64)
-            .unwrap_or(Timestamp::MAX);
-        let today = at.to_zoned(tz.clone()).date();
+        let today = instant(now_ms).to_zoned(self.zone.tz.clone()).date();
         let (start, end) = match self.period {
             Period::Day => (today, today.tomorrow().unwrap_or(today)),
             Period::Week => {
@@ -224,19 +221,19 @@ impl Calendar {
             .unwrap_or(0)
     }
 
-    /// `at` (Unix ms) as local time with its offset, RFC 3339.
+    /// `at_ms` as local time with its offset, RFC 3339
+    /// (`2027-01-01T00:00:00+01:00`).
     pub fn local(&self, at_ms: u64) -> String {
-        rfc3339(&self.zone, at_ms)
+        instant(at_ms)
+            .to_zoned(self.zone.tz.clone())
+            .strftime("%Y-%m-%dT%H:%M:%S%:z")
+            .to_string()
     }
 }
 
-/// `at_ms` in `zone`, RFC 3339 with the offset (`2027-01-01T00:00:00+01:00`).
-pub fn rfc3339(zone: &Zone, at_ms: u64) -> String {
-    let at =
-        Timestamp::from_millisecond(at_ms.min(i64::MAX as u64) as i64).unwrap_or(Timestamp::MAX);
-    at.to_zoned(zone.tz.clone())
-        .strftime("%Y-%m-%dT%H:%M:%S%:z")
-        .to_string()
+/// Unix ms as an instant (past jiff's range: its last).
+fn instant(ms: u64) -> Timestamp {
+    Timestamp::from_millisecond(ms.min(i64::MAX as u64) as i64).unwrap_or(Timestamp::MAX)
 }
 
 impl fmt::Display for Calendar {
@@ -364,10 +361,7 @@ mod tests {
         let e = Zone::named("Mars/Olympus").unwrap_err();
         assert!(e.contains("Mars/Olympus") && e.contains("IANA"), "{e}");
         assert_eq!(
-            rfc3339(
-                &Zone::named("Europe/Berlin").unwrap(),
-                ms("2027-01-01T00:00:00Z")
-            ),
+            cal(Period::Day, "Europe/Berlin").local(ms("2027-01-01T00:00:00Z")),
             "2027-01-01T01:00:00+01:00"
         );
     }

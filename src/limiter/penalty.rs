@@ -11,7 +11,7 @@
 //! so a boxed key is refused without a store call.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Records kept at most (a flood of distinct keys forgets the oldest
@@ -107,11 +107,11 @@ pub struct PenaltyBox {
     /// Per limit name, per key (read by every request once any ban was
     /// put: a read lock).
     records: RwLock<Records>,
-    /// Bans ever put in the table: 0 lets [`PenaltyBox::banned`] answer
-    /// without the lock.
-    bans: AtomicUsize,
+    /// Whether a ban was ever put in the table: until then
+    /// [`PenaltyBox::banned`] answers without the lock.
+    ever: AtomicBool,
     /// A subscription keeps this a copy of Redis's bans (started once).
-    pub watching: std::sync::atomic::AtomicBool,
+    pub watching: AtomicBool,
     /// Per limit name: bans this process started, requests refused by a ban.
     counts: Mutex<HashMap<Arc<str>, [u64; 2]>>,
 }
@@ -127,7 +127,7 @@ impl PenaltyBox {
 
     /// Whether any ban was ever put in the table (else nothing is boxed).
     pub fn any(&self) -> bool {
-        self.bans.load(Ordering::Relaxed) > 0
+        self.ever.load(Ordering::Relaxed)
     }
 
     /// The ban `key` serves under limit `name` at `now` (a request it
@@ -203,7 +203,7 @@ impl PenaltyBox {
         let started = r.until != was;
         drop(all);
         if started {
-            self.bans.fetch_add(1, Ordering::Relaxed);
+            self.ever.store(true, Ordering::Relaxed);
             self.count(name, 0);
         }
         Some((ban, started))
@@ -225,7 +225,7 @@ impl PenaltyBox {
             r.until = ban.until;
             r.level = r.level.max(ban.level);
             r.strikes = 0;
-            self.bans.fetch_add(1, Ordering::Relaxed);
+            self.ever.store(true, Ordering::Relaxed);
         }
     }
 

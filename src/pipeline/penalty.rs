@@ -17,6 +17,10 @@ use crate::config::{ClientIpConfig, KeyKind, ZoneConfig};
 use crate::limiter::engine::Engine;
 use crate::limiter::penalty::Ban;
 
+thread_local! {
+    static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 /// Refuses the request when its key serves a ban under a zone or route
 /// limit it meets: those keyed by the identity when `users`, the others
 /// otherwise.
@@ -44,8 +48,14 @@ pub fn check(
             if kind.needs_identity() != users {
                 return None;
             }
-            let k = key::build(kind, &src, cfg)?.to_string();
-            let ban = engine.banned(name, &k)?;
+            let k = key::build(kind, &src, cfg)?;
+            // (written into this thread's buffer: no string a request)
+            let ban = KEY.with_borrow_mut(|buf| {
+                use std::fmt::Write;
+                buf.clear();
+                let _ = write!(buf, "{k}");
+                engine.banned(name, buf)
+            })?;
             Some(refusal(engine, name, ban, p.status))
         };
     let every: Vec<usize>;

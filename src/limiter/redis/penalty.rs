@@ -182,12 +182,7 @@ impl RedisStore {
                 if alive.strong_count() == 0 {
                     return;
                 }
-                let subscribed = async {
-                    let mut pubsub = client.get_async_pubsub().await?;
-                    pubsub.subscribe(&channel).await?;
-                    Ok::<_, redis::RedisError>(pubsub)
-                };
-                if let Ok(pubsub) = subscribed.await {
+                if let Ok(pubsub) = super::resets::subscribe(&client, &channel).await {
                     // (Redis may answer commands a moment after it takes
                     // subscriptions: until it does, the copy stands)
                     loop {

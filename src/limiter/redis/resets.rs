@@ -64,7 +64,7 @@ pub async fn listen(
     }
 }
 
-async fn subscribe(
+pub(super) async fn subscribe(
     client: &redis::Client,
     channel: &str,
 ) -> redis::RedisResult<redis::aio::PubSub> {

@@ -129,7 +129,9 @@ struct CachedRejection {
 impl CachedRejection {
     fn is_for(&self, r: &Rejection) -> bool {
         let same_cause = match (&self.cause, &r.cause) {
-            (Cause::Rate(a), Cause::Rate(b)) => Arc::ptr_eq(a, b),
+            // (the same Arc mostly; a quota's text names its reset and
+            // is made per refusal: then the same words)
+            (Cause::Rate(a), Cause::Rate(b)) => Arc::ptr_eq(a, b) || a == b,
             (a, b) => a == b,
         };
         Arc::ptr_eq(&self.limit, &r.limit)
