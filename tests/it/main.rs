@@ -27,6 +27,7 @@ mod pgo_train;
 mod plans;
 mod protection;
 mod quotas;
+mod redis_cluster;
 mod redis_proxy;
 mod redis_replicas;
 mod redis_store;

@@ -90,6 +90,13 @@ async fn three_replicas_on_a_redis_cluster_admit_exactly_the_limit() {
     let yaml = replica_config(&format!("kind: redis_cluster, nodes: {}", cluster.seeds()));
     let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
     exactly_the_limit_in_every_trial(&replicas, "cluster").await;
+    // Requests on one key share script calls, on a cluster as on one node.
+    let calls = cluster.calls("evalsha");
+    assert!(
+        calls < (TRIALS * REQUESTS / 4) as u64,
+        "{calls} script calls for {} requests",
+        TRIALS * REQUESTS
+    );
     // The trials' keys are spread over the nodes, and all of them expire.
     let spread = cluster
         .nodes

@@ -23,7 +23,13 @@
 //! The batcher drives its calls itself rather than spawning a task per
 //! call: a task is one more turn of the run queue before the call leaves.
 //!
-//! Only for a single Redis node: on a cluster a batch would cross slots.
+//! On a Redis Cluster a script call may only touch keys of one slot, so a
+//! batch leaves as one call per slot, all at once: the cluster client
+//! sends each to its slot's primary, and calls bound for one node share
+//! that node's connection (written together, answered in one read). Each
+//! call carries a receipt (see `function::once`), so the client's retry
+//! after a redirect (MOVED, ASK: a reshard, a failover) or a dropped
+//! connection never charges twice.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +84,11 @@ pub type Failure = (String, bool);
 /// (see `limiter::overrides`): Redis is fine.
 pub const STALE: &str = "stale overrides";
 
+/// The failure of a call whose slot was moving to another node for longer
+/// than the cluster client's retries waited (TRYAGAIN): the cluster is
+/// fine, so the breaker does not count it.
+pub const MOVING: &str = "the key's slot is moving to another Redis node (TRYAGAIN)";
+
 /// The script's clock and the request's decision numbers.
 pub type Answer = Result<(u64, Vec<i64>), Failure>;
 
@@ -89,6 +100,8 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// `link` may be a cluster's: each batch then leaves as one call per
+    /// slot.
     pub fn start(
         link: Arc<Link>,
         decide: Arc<Decide>,
@@ -158,6 +171,27 @@ async fn fly(
     timeout: Duration,
     batch: Vec<Queued>,
 ) {
+    if link.is_cluster() {
+        let slots = by_slot(batch);
+        let each = slots
+            .into_iter()
+            .map(|part| answer(link, decide, calls, version_key, timeout, part));
+        futures_util::future::join_all(each).await;
+    } else {
+        answer(link, decide, calls, version_key, timeout, batch).await;
+    }
+}
+
+/// One call for `batch` (on a cluster, all of one slot), its answers
+/// handed out.
+async fn answer(
+    link: &Link,
+    decide: &Decide,
+    calls: &AtomicU64,
+    version_key: &str,
+    timeout: Duration,
+    batch: Vec<Queued>,
+) {
     let (jobs, replies): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
     match call(link, decide, calls, (0, version_key), &jobs, timeout).await {
         Ok(each) => {
@@ -171,6 +205,22 @@ async fn fly(
             }
         }
     }
+}
+
+/// `batch` split by the slot of each job's keys (a job's keys share one:
+/// the store splits a request by client key on a cluster), in queue order
+/// within each slot.
+fn by_slot(batch: Vec<Queued>) -> Vec<Vec<Queued>> {
+    use redis::cluster_routing::Slot;
+    let mut slots: Vec<(Slot, Vec<Queued>)> = Vec::new();
+    for q in batch {
+        let slot = Slot::for_key(q.0.keys().next().unwrap_or_default());
+        match slots.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, part)) => part.push(q),
+            None => slots.push((slot, vec![q])),
+        }
+    }
+    slots.into_iter().map(|(_, part)| part).collect()
 }
 
 /// Lets the requests the event loop has already woken (heads read in the
@@ -210,15 +260,34 @@ pub async fn call(
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
     let (generation, mut conn) = link.get().map_err(|why| (why.to_owned(), false))?;
+    let receipt = match &conn {
+        Conn::Cluster(_) => {
+            let first = jobs.first().and_then(|j| j.keys().next()).unwrap_or("");
+            let key = link
+                .receipt(first)
+                .ok_or_else(|| ("a cluster key without a hash tag".to_owned(), false))?;
+            Some((key, keep(timeout)))
+        }
+        Conn::Single(_) => None,
+    };
     calls.fetch_add(1, Ordering::Relaxed);
-    let result = invoke(&mut conn, decide, clock, jobs, timeout).await;
+    let result = invoke(&mut conn, decide, clock, (jobs, receipt), timeout).await;
     match &result {
         Ok(_) => link.succeeded(),
-        Err((why, _)) if why == STALE => link.succeeded(),
+        Err((why, _)) if why == STALE || why == MOVING => link.succeeded(),
         Err((_, broken)) => link.failed(broken.then_some(generation)),
     }
     result
 }
+
+/// How long a receipt is kept: past every retry of its call (all within
+/// the call's timeout), with room for Redis's and our clocks to differ.
+pub fn keep(timeout: Duration) -> u64 {
+    (timeout.as_millis() as u64 * 4).max(1000)
+}
+
+/// A call's receipt (a cluster's): its key and how long to keep it, ms.
+pub type Receipt = Option<(String, u64)>;
 
 /// One script call for `jobs`, bounded by `timeout` (loading the function
 /// or script Redis lacks included): per job, the clock and its decision
@@ -227,10 +296,10 @@ async fn invoke(
     conn: &mut Conn,
     decide: &Decide,
     clock: (u64, &str),
-    jobs: &[Job],
+    (jobs, receipt): (&[Job], Receipt),
     timeout: Duration,
 ) -> Result<Vec<(u64, Vec<i64>)>, Failure> {
-    let operands = |cmd: &mut redis::Cmd| operands(cmd, clock, jobs);
+    let operands = |cmd: &mut redis::Cmd| operands(cmd, clock, jobs, receipt.as_ref());
     let reply = bounded(decide.call(conn, operands), timeout).await?;
     let values = numbers(&reply);
     if values.as_deref() == Some(&[-1]) {
@@ -248,20 +317,32 @@ async fn invoke(
 /// their arguments, about a quarter of what a request costs it.
 /// With an overrides version, the version key comes last and the clock
 /// argument is "<now>:<version>" (the oldest version of the jobs: the
-/// script refuses the call unless it is Redis's).
-fn operands(cmd: &mut redis::Cmd, (now, version_key): (u64, &str), jobs: &[Job]) {
+/// script refuses the call unless it is Redis's). A receipt's key and
+/// its time to keep come after everything.
+fn operands(
+    cmd: &mut redis::Cmd,
+    (now, version_key): (u64, &str),
+    jobs: &[Job],
+    receipt: Option<&(String, u64)>,
+) {
     let runs: SmallVec<[&[Job]; 16]> = jobs.chunk_by(Job::same).collect();
     let keys: usize = runs.iter().map(|run| run[0].ends.len()).sum();
     let version = jobs.iter().filter_map(|j| j.version).min();
-    cmd.arg(keys + usize::from(version.is_some()));
+    cmd.arg(keys + usize::from(version.is_some()) + usize::from(receipt.is_some()));
     for run in &runs {
         for key in run[0].keys() {
             cmd.arg(key);
         }
     }
+    if version.is_some() {
+        cmd.arg(version_key);
+    }
+    if let Some((key, _)) = receipt {
+        cmd.arg(key);
+    }
     match version {
         Some(v) => {
-            cmd.arg(version_key).arg(format!("{now}:{v}"));
+            cmd.arg(format!("{now}:{v}"));
         }
         None => {
             cmd.arg(now);
@@ -272,6 +353,9 @@ fn operands(cmd: &mut redis::Cmd, (now, version_key): (u64, &str), jobs: &[Job])
             cmd.arg(format!("*{}", run.len()));
         }
         cmd.arg(&run[0].spec);
+    }
+    if let Some((_, keep)) = receipt {
+        cmd.arg(keep);
     }
 }
 
@@ -306,6 +390,9 @@ async fn bounded<T>(
             format!("Redis did not answer within {}ms", timeout.as_millis()),
             false,
         )),
+        Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) => {
+            Err((MOVING.to_owned(), false))
+        }
         Ok(Err(e)) => {
             let broken = e.is_unrecoverable_error() || e.is_io_error();
             Err((super::describe(&e), broken))
@@ -371,7 +458,7 @@ mod tests {
         let c_split = job(&["ip:au", ":1"], two);
         let jobs = [a(), a(), a(), job(&["ip:b"], zone), a(), c(), c(), c_split];
         let mut cmd = redis::cmd("FCALL");
-        operands(&mut cmd, (0, "v"), &jobs);
+        operands(&mut cmd, (0, "v"), &jobs, None);
         let args: Vec<String> = cmd
             .args_iter()
             .map(|arg| match arg {

@@ -9,7 +9,7 @@
 //!   `probe_interval`; the first that succeeds closes it. One task, one
 //!   attempt at a time: a Redis restart never meets a reconnect storm.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -102,11 +102,20 @@ pub struct Link {
     wake: Notify,
     /// Set when the store is dropped: the supervisor ends.
     closed: AtomicBool,
+    /// A cluster's calls carry receipts (see `function::once`): this
+    /// process's random name and its calls so far.
+    receipts: Option<(u64, AtomicU64)>,
 }
 
 impl Link {
     pub fn new(target: Target, threshold: u32) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // Seeded from the OS's randomness, per process.
+        let process = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
         Link {
+            receipts: matches!(target, Target::Cluster(_)).then(|| (process, AtomicU64::new(0))),
             target,
             conn: Mutex::new((0, None)),
             failures: AtomicU32::new(0),
@@ -155,6 +164,18 @@ impl Link {
             *slot = (generation + 1, None);
             tracing::warn!("rate-limit store: connection to Redis lost; reconnecting");
         }
+    }
+
+    /// The receipt key for a call whose first key is `key` (a cluster's
+    /// calls only; none for a key without a hash tag).
+    pub fn receipt(&self, key: &str) -> Option<String> {
+        let (process, calls) = self.receipts.as_ref()?;
+        let call = calls.fetch_add(1, Ordering::Relaxed);
+        super::function::receipt(key, *process, call)
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.receipts.is_some()
     }
 
     /// Connected and the breaker closed (asking counts as no failure).

@@ -15,7 +15,11 @@
 //!   refuses to load it (no functions before Redis 7, a rename, an ACL
 //!   without `FUNCTION`) is sent the script from then on, until restart.
 //! - A cluster is always sent the script: a library would have to be
-//!   loaded on every primary, and found missing on each separately.
+//!   loaded on every primary, and found missing on each separately. There
+//!   the script runs once per receipt ([`once`]): the cluster client
+//!   retries a call after a redirect or a dropped connection, and a call
+//!   that had already run answers from its receipt instead of deciding
+//!   (charging) again.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -37,9 +41,19 @@ pub struct Decide {
 
 impl Decide {
     pub fn new(source: &str) -> Self {
-        let script = Script::new(&format!(
+        Self::made(source, false)
+    }
+
+    /// For a cluster: the script runs [`once`] per receipt.
+    pub fn for_cluster(source: &str) -> Self {
+        Self::made(source, true)
+    }
+
+    fn made(source: &str, receipts: bool) -> Self {
+        let body = format!(
             "{source}\nif redis.replicate_commands then redis.replicate_commands() end\nreturn make()(KEYS, ARGV)\n"
-        ));
+        );
+        let script = Script::new(&if receipts { once(&body) } else { body });
         let hash = &script.get_hash()[..16];
         let function = format!("tollgate_decide_{hash}");
         let library = format!(
@@ -160,6 +174,38 @@ pub async fn evalsha_loading<T: redis::FromRedisValue>(
         }
         other => other,
     }
+}
+
+/// `script` made to run once per receipt: its last key names the receipt
+/// (in the slot of its other keys), its last argument how long to keep it
+/// (ms). The first run decides and stores its answer under the receipt,
+/// in the same atomic step as its writes (so a failover keeps both or
+/// neither); a run that finds the receipt answers from it and changes
+/// nothing. The script itself sees its keys and arguments without them.
+pub fn once(script: &str) -> String {
+    format!(
+        "local receipt, keep = KEYS[#KEYS], ARGV[#ARGV]
+local done = redis.call('GET', receipt)
+if done then return done end
+local keys, argv = {{}}, {{}}
+for i = 1, #KEYS - 1 do keys[i] = KEYS[i] end
+for i = 1, #ARGV - 1 do argv[i] = ARGV[i] end
+local answer = (function(KEYS, ARGV)
+{script}
+end)(keys, argv)
+redis.call('SET', receipt, answer, 'PX', keep)
+return answer
+"
+    )
+}
+
+/// The receipt key of a call whose first key is `key`: the same hash tag
+/// (so the same slot) and prefix, then `:once:<process>:<call>`. `None`
+/// when the key has no hash tag (then its slot is its whole name's).
+pub fn receipt(key: &str, process: u64, call: u64) -> Option<String> {
+    let open = key.find('{')?;
+    let close = open + 1 + key[open + 1..].find('}')?;
+    (close > open + 1).then(|| format!("{}:once:{process:x}:{call:x}", &key[..=close]))
 }
 
 /// The server does not have the function, or cannot run functions at all.

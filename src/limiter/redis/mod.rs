@@ -10,7 +10,8 @@
 //!   the client key is the hash tag, so on Redis Cluster all limits of one
 //!   client key share a slot.
 //! - On a single node a request costs at most one round trip, whatever its
-//!   limits; under load concurrent requests share script calls ([`batch`]).
+//!   limits; under load concurrent requests share script calls ([`batch`]),
+//!   on a cluster one call per slot, calls to one node written together.
 //!   On a cluster, checks on different client keys (a zone by IP and a limit
 //!   by user) live in different slots: each slot's part is decided by its
 //!   own script call, all in parallel, each all-or-nothing within itself;
@@ -47,6 +48,7 @@ use batch::Batcher;
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::Link;
 use function::Decide;
+
 use overrides::overrides_keys;
 use setup::{describe, parse, subscriber, suffixes, target};
 
@@ -97,6 +99,13 @@ pub fn decide_forms() -> (String, String, Script) {
     )
 }
 
+/// `decide.lua` as a cluster is sent it, run once per receipt (see
+/// `function::once`): keys, then the receipt's key; arguments, then how
+/// long to keep the receipt (ms). For tests that call it directly.
+pub fn cluster_decide() -> Script {
+    Decide::for_cluster(DECIDE).script().clone()
+}
+
 /// `redis://user:secret@host:6379/0` -> `redis://host:6379/0`.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -125,8 +134,9 @@ pub struct RedisStore {
     calls: Arc<AtomicU64>,
     /// This replica's clock: a calendar quota's period as it sees it.
     clock: Clock,
-    /// Single node only: requests queued into shared script calls.
-    batcher: Option<Batcher>,
+    /// Requests queued into shared script calls (on a cluster, one per
+    /// slot per batch).
+    batcher: Batcher,
 }
 
 /// Redis could not be reached or did not answer; `Display` never shows a
@@ -174,11 +184,19 @@ impl RedisStore {
             _ => None,
         };
         let calls = Arc::new(AtomicU64::new(0));
-        let decide = Arc::new(Decide::new(DECIDE));
+        let (decide, refund) = if options.cluster {
+            (
+                Decide::for_cluster(DECIDE),
+                Script::new(&function::once(REFUND)),
+            )
+        } else {
+            (Decide::new(DECIDE), Script::new(REFUND))
+        };
+        let decide = Arc::new(decide);
         let store = RedisStore {
             link: link.clone(),
             decide: decide.clone(),
-            refund: Script::new(REFUND),
+            refund,
             prefix: options.prefix.clone(),
             suffixes,
             timeout: options.timeout,
@@ -189,15 +207,13 @@ impl RedisStore {
                 resets,
             })),
             options: options.clone(),
-            batcher: (!options.cluster).then(|| {
-                Batcher::start(
-                    link.clone(),
-                    decide,
-                    options.timeout,
-                    calls.clone(),
-                    overrides_keys(&options.prefix).1.into(),
-                )
-            }),
+            batcher: Batcher::start(
+                link.clone(),
+                decide,
+                options.timeout,
+                calls.clone(),
+                overrides_keys(&options.prefix).1.into(),
+            ),
             calls,
             clock: clock.clone(),
         };
@@ -504,17 +520,17 @@ impl RedisStore {
         }
     }
 
-    /// Decides one request's checks: through the batcher (one node), or in
-    /// a call of its own (a cluster, or a pinned clock).
+    /// Decides one request's checks: through the batcher, or in a call of
+    /// its own (a pinned clock).
     async fn call(
         &self,
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<(u64, Vec<Decision>), LimiterError> {
         let job = self.job(checks, now);
-        let answer = match (&self.batcher, now) {
-            (Some(batcher), 0) => {
-                let reply = batcher.submit(job);
+        let answer = match now {
+            0 => {
+                let reply = self.batcher.submit(job);
                 match tokio::time::timeout(self.timeout, reply).await {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(_)) => Err(("the store is shutting down".to_owned(), false)),

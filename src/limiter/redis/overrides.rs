@@ -85,15 +85,30 @@ impl RedisStore {
         if items.is_empty() {
             return Ok(());
         }
+        // On a cluster, with a receipt: the client's retry settles once.
+        static ONCE: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| super::function::once(SETTLE));
+        let keys: Vec<String> = items
+            .iter()
+            .map(|(limit, key, _)| self.key(&crate::limiter::Check::new(limit, key, 1)))
+            .collect();
+        let receipt = self.link.receipt(&keys[0]);
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SETTLE).arg(items.len());
-        for (limit, key, _) in items {
-            cmd.arg(self.key(&crate::limiter::Check::new(limit, key, 1)));
-        }
-        cmd.arg(age_ms);
+        let script = if receipt.is_some() {
+            ONCE.as_str()
+        } else {
+            SETTLE
+        };
+        cmd.arg(script)
+            .arg(keys.len() + usize::from(receipt.is_some()))
+            .arg(keys);
+        cmd.arg(&receipt).arg(age_ms);
         for (limit, _, delta) in items {
             let (tag, p1, p2, p3) = super::setup::params(&limit.algorithm, || self.clock.unix_ms());
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(*delta);
+        }
+        if receipt.is_some() {
+            cmd.arg(super::batch::keep(self.timeout));
         }
         let _: i64 = self.command(&mut cmd).await?;
         Ok(())

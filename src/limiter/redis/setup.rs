@@ -17,7 +17,16 @@ pub(super) fn target(options: &RedisOptions) -> Result<Target, ConnectError> {
     if options.cluster {
         let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
             .connection_timeout(options.connect_timeout)
-            .retries(0);
+            // A redirect (a reshard, a failover) or a dropped connection
+            // is retried, within the call's timeout; every script call
+            // carries a receipt, so a retry never charges twice. Waits
+            // before a retry (TRYAGAIN while a slot moves, CLUSTERDOWN in
+            // a failover) from a few ms, doubling, never past a quarter of
+            // the timeout (the client's default starts at 1.28 s).
+            .retries(6)
+            .min_retry_wait(1)
+            .max_retry_wait((options.timeout.as_millis() as u64 / 4).max(2))
+            .retry_wait_formula(5, 2);
         if options.tls_ca.is_some() {
             builder = builder.certs(certs());
         }

@@ -14,15 +14,22 @@ impl RedisStore {
             return;
         };
         // Built now: the refund finishes after the request has gone.
+        // On a cluster (the only place refunds are made) with a receipt:
+        // the client's retry gives back once.
+        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
+        let receipt = self.link.receipt(&keys[0]);
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.refund.get_hash()).arg(checks.len());
-        for c in checks {
-            cmd.arg(self.key(c));
-        }
-        cmd.arg(stamp);
+        cmd.arg(self.refund.get_hash())
+            .arg(keys.len() + usize::from(receipt.is_some()))
+            .arg(keys)
+            .arg(&receipt)
+            .arg(stamp);
         for c in checks {
             let (tag, p1, p2, p3) = params(&c.limit.algorithm, || stamp);
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(c.cost);
+        }
+        if receipt.is_some() {
+            cmd.arg(batch::keep(self.timeout));
         }
         let (script, timeout) = (self.refund.clone(), self.timeout * 4);
         tokio::spawn(async move {

@@ -264,19 +264,25 @@ impl Drop for RedisServer {
     }
 }
 
-/// Three masters, slots split by `redis-cli --cluster create`.
+/// Three masters, slots split by `redis-cli --cluster create`; with
+/// [`RedisCluster::start_replicated`], a replica of each too.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        blocking(Self::start_blocking)
+        blocking(|| Self::start_blocking(0))
+    }
+
+    /// Three primaries and a replica of each (six nodes).
+    pub fn start_replicated() -> RedisCluster {
+        blocking(|| Self::start_blocking(1))
     }
 
     #[allow(clippy::disallowed_methods)]
-    fn start_blocking() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
+    fn start_blocking(replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| RedisServer::launch(true, |_| (vec![], vec![])))
             .collect();
         let addrs: Vec<String> = nodes
@@ -286,7 +292,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -296,12 +302,117 @@ impl RedisCluster {
         );
         let deadline = Instant::now() + Duration::from_secs(20);
         for n in &nodes {
-            while !n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+            while !n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                || n.cli(&["INFO", "replication"])
+                    .contains("master_link_status:down")
+            {
                 assert!(Instant::now() < deadline, "cluster did not become ok");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
         RedisCluster { nodes }
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.live()
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap()
+    }
+
+    fn live(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.try_cli(&["PING"]).as_deref() == Some("PONG"))
+            .expect("a live node")
+    }
+
+    /// The index of the node serving `slot` as a primary, as the live
+    /// nodes see it.
+    pub fn owner(&self, slot: u16) -> Option<usize> {
+        let nodes = self.live().cli(&["CLUSTER", "NODES"]);
+        let line = nodes.lines().find(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.len() > 8
+                && f[2].contains("master")
+                && !f[2].contains("fail")
+                && f[8..].iter().any(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+                })
+        })?;
+        let port: u16 = line
+            .split(' ')
+            .nth(1)?
+            .split([':', '@'])
+            .nth(1)?
+            .parse()
+            .ok()?;
+        self.nodes.iter().position(|n| n.port == port)
+    }
+
+    /// Moves `slot` and its keys from node `from` to node `to` (both
+    /// primaries), as `redis-cli --cluster reshard` does, slot by slot:
+    /// IMPORTING/MIGRATING, `MIGRATE` in steps of `step` keys, then the
+    /// new owner announced to every node.
+    /// Over connections opened beforehand, so the move takes what Redis
+    /// takes, not what starting `redis-cli` does.
+    pub fn move_slot(&self, slot: u16, from: usize, to: usize, step: usize) {
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let (src_id, dst_id) = (src.cli(&["CLUSTER", "MYID"]), dst.cli(&["CLUSTER", "MYID"]));
+        let primaries: Vec<&RedisServer> = self
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.try_cli(&["INFO", "replication"])
+                    .is_some_and(|r| r.contains("role:master"))
+            })
+            .collect();
+        let open = |n: &RedisServer| {
+            ::redis::Client::open(n.url())
+                .and_then(|c| c.get_connection())
+                .expect("a connection to a node")
+        };
+        let (mut s, mut d) = (open(src), open(dst));
+        let mut all: Vec<::redis::Connection> = primaries.iter().map(|n| open(n)).collect();
+        blocking(|| {
+            let setslot = |c: &mut ::redis::Connection, how: &str, id: &str| {
+                ::redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(how)
+                    .arg(id)
+                    .query::<()>(c)
+                    .expect("CLUSTER SETSLOT");
+            };
+            setslot(&mut d, "IMPORTING", &src_id);
+            setslot(&mut s, "MIGRATING", &dst_id);
+            loop {
+                let keys: Vec<String> = ::redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(step)
+                    .query(&mut s)
+                    .expect("GETKEYSINSLOT");
+                if keys.is_empty() {
+                    break;
+                }
+                ::redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(dst.port)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(keys)
+                    .query::<()>(&mut s)
+                    .expect("MIGRATE");
+            }
+            for c in &mut all {
+                setslot(c, "NODE", &dst_id);
+            }
+        });
     }
 
     /// YAML list of seed nodes.
