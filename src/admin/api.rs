@@ -123,6 +123,10 @@ pub fn limits(p: &Pipeline) -> Reply {
             // A quota's period ("month (Europe/Berlin)"); a penalty box.
             o["period"] = json!(v.limit.algorithm.calendar().map(ToString::to_string));
             o["penalty"] = penalty_json(&v);
+            o["lease"] = match v.limit.lease {
+                None => Value::Null,
+                Some(l) => json!({ "slice": l.slice, "hold_seconds": l.hold_ms as f64 / 1000.0 }),
+            };
             o
         })
         .collect();

@@ -149,6 +149,10 @@ impl Sources for Pipeline {
         self.engine.redis().map(|r| r.calls())
     }
 
+    fn lease_units(&self) -> Option<[u64; 3]> {
+        self.engine.redis().map(|r| r.lease_units())
+    }
+
     fn store_durations(&self) -> Option<crate::metrics::HistogramSnapshot> {
         self.engine.durations()
     }

@@ -459,13 +459,17 @@ fn route_limit(
         route: Some(route.into()),
         size_bytes: c.size(&format!("{path}.size"), &l.size, DEFAULT_SIZE),
     });
-    let limit = limit(
-        &l.name,
-        algorithm,
-        zone,
-        super::store::on_error(&l.on_error, &format!("{path}.on_error"), store, c),
-        store,
-    );
+    let lease = super::lease::lease(path, l.lease.as_ref(), &algorithm, c);
+    let limit = Limit {
+        lease,
+        ..limit(
+            &l.name,
+            algorithm,
+            zone,
+            super::store::on_error(&l.on_error, &format!("{path}.on_error"), store, c),
+            store,
+        )
+    };
     let plans = super::plans::limit_plans(path, l.plans.as_ref(), &limit, plans, c);
     Some(RouteLimit {
         limit,

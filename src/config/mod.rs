@@ -9,6 +9,7 @@ pub(crate) mod alerts;
 pub(crate) mod checker;
 pub(crate) mod client;
 pub(crate) mod compiled;
+pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod load;
 pub(crate) mod penalty;
@@ -62,6 +63,13 @@ fn describe_limit(l: &RouteLimit) -> String {
     }
     if let Some(p) = &l.penalty {
         notes.push(format!("penalty box: {}", p.describe()));
+    }
+    if let Some(lease) = &l.limit.lease {
+        notes.push(format!(
+            "leased: slices of up to {} held {} (Redis only)",
+            lease.slice,
+            units::format_duration(std::time::Duration::from_millis(lease.hold_ms))
+        ));
     }
     match notes.is_empty() {
         true => l.limit.name.to_string(),

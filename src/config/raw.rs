@@ -283,6 +283,14 @@ pub struct RawLimit {
     pub time_zone: Option<String>,
     pub anchor: Option<String>,
     pub penalty: Option<RawPenalty>,
+    pub lease: Option<RawLease>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    pub slice: Option<Text>,
+    pub hold: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

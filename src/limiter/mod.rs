@@ -83,6 +83,17 @@ pub struct Limit {
     pub base: Option<Arc<[Algorithm; 2]>>,
     /// The replicas `local` is divided among (`store.replicas`).
     pub replicas: u64,
+    /// Slices of a hot key's budget a replica may take from Redis.
+    pub lease: Option<Lease>,
+}
+
+/// A limit's leases (`lease:` in the config): a replica takes at most
+/// `slice` units of a key's budget at once and spends them locally for at
+/// most `hold_ms`, giving back what is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub slice: u64,
+    pub hold_ms: u64,
 }
 
 impl Limit {
@@ -96,6 +107,7 @@ impl Limit {
             on_error: OnError::Local,
             base: None,
             replicas: 1,
+            lease: None,
         }
     }
 
@@ -119,6 +131,7 @@ impl Limit {
             on_error: self.on_error,
             base: Some(base),
             replicas: self.replicas,
+            lease: self.lease,
         }
     }
 }

@@ -276,6 +276,15 @@ impl Scrape {
                 [(Vec::new(), n)],
             )?;
         }
+        if let Some([taken, returned, spent]) = s.lease_units() {
+            counter(
+                e,
+                "tollgate_store_lease_units",
+                "Lease slices of hot keys: units taken from Redis, given back unspent, and requests decided from a slice.",
+                [("taken", taken), ("returned", returned), ("spent", spent)]
+                    .map(|(kind, n)| (vec![("kind", kind.to_owned())], n)),
+            )?;
+        }
         if let Some(h) = s.store_durations() {
             histograms(
                 e,

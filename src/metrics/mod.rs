@@ -76,6 +76,8 @@ pub struct UpstreamReport {
 pub trait Sources: Send + Sync {
     /// Redis script calls (one per batch of requests), `None` without Redis.
     fn script_calls(&self) -> Option<u64>;
+    /// Lease units `[taken, returned, spent]` (Redis only).
+    fn lease_units(&self) -> Option<[u64; 3]>;
     /// Latency of the store's decisions (Redis only).
     fn store_durations(&self) -> Option<HistogramSnapshot>;
     fn upstreams(&self) -> Vec<UpstreamReport>;

@@ -17,6 +17,7 @@ mod h1_server;
 mod h2_abuse;
 mod import_nginx;
 mod layering;
+mod leases;
 mod limits;
 mod metrics;
 mod nginx_differential;

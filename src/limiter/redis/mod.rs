@@ -26,9 +26,11 @@
 
 mod batch;
 mod cache;
+mod cluster;
 mod conn;
 mod function;
 mod keys;
+mod lease;
 mod overrides;
 mod penalty;
 mod resets;
@@ -42,7 +44,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::memory::ZoneSpec;
-use super::{groups, stops, Check, Decision, LimiterError, Outcome, Store};
+use super::{Check, Decision, LimiterError, Outcome, Store};
 use crate::clock::Clock;
 use batch::Batcher;
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
@@ -53,6 +55,8 @@ use overrides::overrides_keys;
 use setup::{describe, parse, subscriber, suffixes, target};
 
 const DECIDE: &str = include_str!("decide.lua");
+/// How often ended lease slices are given back.
+const SWEEP: Duration = Duration::from_millis(200);
 const REFUND: &str = include_str!("refund.lua");
 /// Numbers per decision in the script's answer: its code, remaining and
 /// reset (see [`parse`]).
@@ -134,6 +138,9 @@ pub struct RedisStore {
     calls: Arc<AtomicU64>,
     /// This replica's clock: a calendar quota's period as it sees it.
     clock: Clock,
+    /// This replica's slices of hot keys' budgets (`lease:`); a reload
+    /// starts a new table (the old one's units are given back).
+    leases: Arc<lease::Leases>,
     /// Requests queued into shared script calls (on a cluster, one per
     /// slot per batch).
     batcher: Batcher,
@@ -216,7 +223,9 @@ impl RedisStore {
             ),
             calls,
             clock: clock.clone(),
+            leases: Arc::default(),
         };
+        store.sweep_leases(SWEEP);
         Ok((store, warning))
     }
 
@@ -231,10 +240,13 @@ impl RedisStore {
         if let Some(cache) = &self.cache {
             cache.clear();
         }
-        RedisStore {
+        let store = RedisStore {
             suffixes: suffixes(zones),
+            leases: Arc::default(),
             ..self.reloaded_parts()
-        }
+        };
+        store.sweep_leases(SWEEP);
+        store
     }
 
     /// A copy of every part.
@@ -253,6 +265,7 @@ impl RedisStore {
             calls: self.calls.clone(),
             batcher: self.batcher.clone(),
             clock: self.clock.clone(),
+            leases: self.leases.clone(),
         }
     }
 
@@ -377,6 +390,20 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<Outcome, LimiterError> {
+        if lease::leased(checks) {
+            return self.decide_leased(checks, now).await;
+        }
+        self.decide_direct(checks, now).await
+    }
+
+    /// `[taken, returned, spent]`: units taken from Redis in slices, given
+    /// back, and decisions made from a slice.
+    pub fn lease_units(&self) -> [u64; 3] {
+        self.leases.units()
+    }
+
+    /// Decides every check in Redis (the rejection cache aside).
+    async fn decide_direct(&self, checks: &[Check<'_>], now: u64) -> Result<Outcome, LimiterError> {
         let Some(cache) = &self.cache else {
             return Ok(Outcome::of(self.send(checks, now).await?));
         };
@@ -423,101 +450,6 @@ impl RedisStore {
             }
         }
         Ok(Outcome::of(decisions))
-    }
-
-    /// One script call, or on a cluster one per client key (see the
-    /// module docs), merged.
-    async fn send(&self, checks: &[Check<'_>], now: u64) -> Result<Vec<Decision>, LimiterError> {
-        if !self.cluster || checks.iter().all(|c| c.key == checks[0].key) {
-            return Ok(self.call(checks, now).await?.1);
-        }
-        let mut parts: Vec<(&str, Vec<usize>)> = Vec::new();
-        for (i, c) in checks.iter().enumerate() {
-            match parts.iter_mut().find(|(k, _)| *k == c.key) {
-                Some((_, idx)) => idx.push(i),
-                None => parts.push((c.key, vec![i])),
-            }
-        }
-        let subsets: Vec<Vec<Check<'_>>> = parts
-            .iter()
-            .map(|(_, idx)| idx.iter().map(|&i| checks[i]).collect())
-            .collect();
-        let results =
-            futures_util::future::join_all(subsets.iter().map(|sub| self.call(sub, now))).await;
-        // Per check: its decision, and whether its part charged it.
-        let mut merged: Vec<Option<(Decision, bool)>> = vec![None; checks.len()];
-        let mut failure = None;
-        let mut stamps = vec![0u64; parts.len()];
-        for (p, result) in results.into_iter().enumerate() {
-            match result {
-                Ok((stamp, decided)) => {
-                    stamps[p] = stamp;
-                    let sub = &subsets[p];
-                    let mut at = 0;
-                    for group in groups(sub) {
-                        let end = (at + group.len()).min(decided.len());
-                        let admitted = decided.len() >= at + group.len()
-                            && decided[at..end].iter().all(Decision::admitted);
-                        for k in at..end {
-                            let charged = admitted && !sub[k].peek;
-                            merged[parts[p].1[k]] = Some((decided[k], charged));
-                        }
-                        at += group.len();
-                    }
-                }
-                Err(e) => failure = Some(e),
-            }
-        }
-        // The request's outcome, group by group, as one script would give.
-        let mut decisions = Vec::with_capacity(checks.len());
-        let mut keep = vec![false; checks.len()];
-        let mut start = 0;
-        if failure.is_none() {
-            for group in groups(checks) {
-                let end = start + group.len();
-                let mut complete = true;
-                for m in &merged[start..end] {
-                    match m {
-                        Some((d, _)) => decisions.push(*d),
-                        None => complete = false,
-                    }
-                }
-                let admitted = complete
-                    && decisions[decisions.len() - group.len()..]
-                        .iter()
-                        .all(Decision::admitted);
-                if admitted {
-                    keep[start..end].iter_mut().for_each(|k| *k = true);
-                }
-                if !complete {
-                    // A part stopped early although every earlier group was
-                    // admitted: cannot happen; never guess an admission.
-                    failure = Some(LimiterError::Unavailable(
-                        "cluster parts answered inconsistently".into(),
-                    ));
-                    break;
-                }
-                if stops(group, &decisions[decisions.len() - group.len()..]) {
-                    break;
-                }
-                start = end;
-            }
-        }
-        // Give back what a part charged but the request as a whole did not.
-        for (p, (_, idx)) in parts.iter().enumerate() {
-            let back: Vec<Check<'_>> = idx
-                .iter()
-                .filter(|&&i| merged[i].is_some_and(|(_, charged)| charged) && !keep[i])
-                .map(|&i| checks[i])
-                .collect();
-            if !back.is_empty() {
-                self.spawn_refund(&back, stamps[p]);
-            }
-        }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(decisions),
-        }
     }
 
     /// Decides one request's checks: through the batcher, or in a call of

@@ -61,7 +61,10 @@ for i = 1, #KEYS do
         put(key, 'G', { now + q, d - q * p1 })
       end
     elseif tag == 'Q' then
-      put(key, 'Q', { s[1], s[2], max(0, s[3] - cost) })
+      -- only into the period that was charged
+      if s[1] <= now and (s[2] == 0 or now < s[2]) then
+        put(key, 'Q', { s[1], s[2], max(0, s[3] - cost) })
+      end
     elseif tag == 'K' then
       put(key, 'K', { max(0, s[1] - 1000 * cost), s[2] })
     end
