@@ -153,6 +153,10 @@ impl Sources for Pipeline {
         self.engine.redis().map(|r| r.lease_units())
     }
 
+    fn conn_leases(&self) -> Option<(usize, u64)> {
+        self.engine.redis().map(|r| r.conn_leases())
+    }
+
     fn store_durations(&self) -> Option<crate::metrics::HistogramSnapshot> {
         self.engine.durations()
     }

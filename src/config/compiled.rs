@@ -448,6 +448,8 @@ pub struct ZoneConfig {
     pub dry_run: bool,
     /// Concurrent requests per key (`limit_conn`).
     pub max_conn: Option<u32>,
+    /// `max_conn` shared through Redis, each slot leased this long (ms).
+    pub max_conn_lease: Option<u64>,
     /// As written (`10r/s`), for messages.
     pub rate_text: Arc<str>,
     /// Per plan (indexed like `identity.plans.names`): other numbers.

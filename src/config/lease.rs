@@ -38,6 +38,37 @@ pub fn lease(
     })
 }
 
+/// `max_conn_lease` on a zone: its `max_conn` shared by every replica
+/// through Redis, each slot leased this long (ms) and renewed while its
+/// request runs.
+pub fn conn_lease(
+    path: &str,
+    raw: Option<&super::raw::Text>,
+    max_conn: Option<u32>,
+    store: &super::compiled::StoreConfig,
+    c: &mut Checker,
+) -> Option<u64> {
+    let raw = raw?;
+    let path = format!("{path}.max_conn_lease");
+    if max_conn.is_none() {
+        c.report(&path, "shares max_conn across replicas: set max_conn too");
+        return None;
+    }
+    if store.redis.is_none() {
+        c.report(
+            &path,
+            "shares max_conn through Redis: set store.kind to redis or redis_cluster (the memory store counts per process)",
+        );
+        return None;
+    }
+    let lease = c.positive_duration(&path, &Some(raw.clone()), Duration::from_secs(10));
+    if lease < Duration::from_secs(1) {
+        c.report(&path, "at least 1s: a slot is renewed every third of it");
+        return None;
+    }
+    Some(lease.as_millis() as u64)
+}
+
 /// Why a slice of `algorithm` could let the replicas together pass the
 /// limit, or `None` where leases are sound.
 fn unsound(algorithm: &Algorithm) -> Option<&'static str> {

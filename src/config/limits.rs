@@ -165,6 +165,13 @@ pub fn zones(
             key,
             status,
             dry_run: z.dry_run.unwrap_or(false),
+            max_conn_lease: super::lease::conn_lease(
+                path,
+                z.max_conn_lease.as_ref(),
+                max_conn,
+                store,
+                c,
+            ),
             max_conn,
             rate_text: z.rate.0.trim().into(),
         });

@@ -203,8 +203,14 @@ impl Config {
                 z.rate_text,
                 q.saturating_sub(1),
                 z.key,
-                z.max_conn
-                    .map_or(String::new(), |m| format!(", max_conn {m}")),
+                z.max_conn.map_or(String::new(), |m| format!(
+                    ", max_conn {m}{}",
+                    if z.max_conn_lease.is_some() {
+                        " shared through Redis"
+                    } else {
+                        ""
+                    }
+                )),
                 if z.dry_run { ", dry run" } else { "" },
                 z.penalty.as_ref().map_or(String::new(), |p| format!(
                     ", penalty box: {}",

@@ -331,6 +331,7 @@ pub struct RawZone {
     pub size: Option<Text>,
     pub dry_run: Option<bool>,
     pub max_conn: Option<Text>,
+    pub max_conn_lease: Option<Text>,
     pub on_error: Option<String>,
     pub penalty: Option<RawPenalty>,
     pub plans: Option<std::collections::BTreeMap<String, RawPlanNumbers>>,

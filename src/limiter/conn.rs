@@ -1,6 +1,9 @@
 //! Concurrent requests per key (nginx `limit_conn`): a slot is taken when a
 //! request is admitted and given back when its response ends, however it
-//! ends (finished, failed, or dropped by a client that went away).
+//! ends (finished, failed, or dropped by a client that went away). Per
+//! process, or shared by every replica through Redis as a lease that the
+//! request renews while it runs (`max_conn_lease`, see
+//! `redis::conns`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +15,17 @@ pub struct ConnCounter {
 }
 
 /// A held concurrency slot; released when dropped.
-pub struct ConnSlot {
+pub enum ConnSlot {
+    /// One of this process's.
+    Local(LocalSlot),
+    /// A lease in Redis, shared by every replica.
+    Shared(super::redis::SharedSlot),
+    /// None held: admitted by `on_error: fail_open` while Redis failed.
+    Open,
+}
+
+/// A slot of this process's counter.
+pub struct LocalSlot {
     counter: Arc<ConnCounter>,
     key: String,
 }
@@ -26,14 +39,14 @@ impl ConnCounter {
             return None;
         }
         *n += 1;
-        Some(ConnSlot {
+        Some(ConnSlot::Local(LocalSlot {
             counter: self.clone(),
             key: key.to_owned(),
-        })
+        }))
     }
 }
 
-impl Drop for ConnSlot {
+impl Drop for LocalSlot {
     fn drop(&mut self) {
         let mut counts = self
             .counter

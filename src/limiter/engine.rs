@@ -34,6 +34,7 @@ pub struct Engine {
     penalties: Arc<PenaltyBox>,
 }
 
+mod conns;
 mod penalty;
 
 /// What the engine counts, for metrics and warnings.

@@ -285,6 +285,20 @@ impl Scrape {
                     .map(|(kind, n)| (vec![("kind", kind.to_owned())], n)),
             )?;
         }
+        if let Some((held, lost)) = s.conn_leases() {
+            gauge(
+                e,
+                "tollgate_store_conn_slots",
+                "Shared max_conn slots (max_conn_lease) this process holds in Redis now.",
+                [(Vec::new(), held as i64)],
+            )?;
+            counter(
+                e,
+                "tollgate_store_conn_slots_lost",
+                "Shared max_conn slots whose lease ended before this process renewed it (Redis lost it, or renewal was late): the request ran on uncounted.",
+                [(Vec::new(), lost)],
+            )?;
+        }
         if let Some(h) = s.store_durations() {
             histograms(
                 e,

@@ -78,6 +78,9 @@ pub trait Sources: Send + Sync {
     fn script_calls(&self) -> Option<u64>;
     /// Lease units `[taken, returned, spent]` (Redis only).
     fn lease_units(&self) -> Option<[u64; 3]>;
+    /// Shared `max_conn` slots held now, and slots lost before renewal
+    /// (Redis only).
+    fn conn_leases(&self) -> Option<(usize, u64)>;
     /// Latency of the store's decisions (Redis only).
     fn store_durations(&self) -> Option<HistogramSnapshot>;
     fn upstreams(&self) -> Vec<UpstreamReport>;

@@ -34,7 +34,7 @@ pub async fn decide(
         return Ok(());
     }
     super::penalty::check(engine, zones.configs(), cx, headers, cfg, true)?;
-    zones.count_users(cx, headers, cfg)?;
+    zones.count_users(engine, cx, headers, cfg).await?;
     if let Some(route) = cx.route {
         let src = KeySource {
             client: cx.client.client.ip,

@@ -68,7 +68,7 @@ impl Zones {
         cfg: &ClientIpConfig,
         now: bool,
     ) -> Result<(), Stop> {
-        self.collect(cx, headers, cfg, false)?;
+        self.collect(engine, cx, headers, cfg, false).await?;
         if now {
             decide::decide(engine, &self.zones, cx).await?;
         }
@@ -76,18 +76,20 @@ impl Zones {
     }
 
     /// Adds the zones keyed by the (now verified) identity to `cx.pending`.
-    pub fn count_users(
+    pub async fn count_users(
         &self,
+        engine: &Engine,
         cx: &mut Ctx<'_>,
         headers: &HeaderMap,
         cfg: &ClientIpConfig,
     ) -> Result<(), Stop> {
-        self.collect(cx, headers, cfg, true)
+        self.collect(engine, cx, headers, cfg, true).await
     }
 
     /// The zones met that need the identity (or not, per `users`).
-    fn collect(
+    async fn collect(
         &self,
+        engine: &Engine,
         cx: &mut Ctx<'_>,
         headers: &HeaderMap,
         cfg: &ClientIpConfig,
@@ -112,18 +114,32 @@ impl Zones {
                 continue;
             };
             let key = cx.pending.push(group, zone.dry_run, Origin::Zone(z), &key);
-            self.hold(z, key, &mut cx.end.slots)?;
+            if zone.max_conn.is_some() {
+                let key = key.to_owned();
+                self.hold(engine, z, &key, &mut cx.end.slots).await?;
+            }
         }
         Ok(())
     }
 
-    /// `max_conn`: takes a concurrency slot for `key`, or refuses.
-    fn hold(&self, z: usize, key: &str, slots: &mut Vec<ConnSlot>) -> Result<(), Rejection> {
+    /// `max_conn`: takes a concurrency slot for `key` (shared through
+    /// Redis with `max_conn_lease`), or refuses.
+    async fn hold(
+        &self,
+        engine: &Engine,
+        z: usize,
+        key: &str,
+        slots: &mut Vec<ConnSlot>,
+    ) -> Result<(), Stop> {
         let zone = &self.zones[z];
         let (Some(max), Some(counter)) = (zone.max_conn, &self.conns[z]) else {
             return Ok(());
         };
-        match counter.acquire(key, max) {
+        let held = engine
+            .hold_conn(&zone.limit, key, (max, zone.max_conn_lease), counter)
+            .await
+            .map_err(crate::error::ProxyError::LimitUnavailable)?;
+        match held {
             Some(slot) => slots.push(slot),
             None if zone.dry_run => {
                 tracing::info!(zone = %zone.limit.name, "dry run: would refuse, too many concurrent requests");
@@ -136,7 +152,8 @@ impl Zones {
                     retry_after: 1,
                     status: zone.status,
                     route_limit: false,
-                });
+                }
+                .into());
             }
         }
         Ok(())

@@ -35,6 +35,7 @@ mod redis_store;
 mod reload;
 mod replay;
 mod request_order;
+mod shared_conns;
 mod streaming;
 mod tls;
 mod upgrades;

@@ -28,6 +28,7 @@ mod batch;
 mod cache;
 mod cluster;
 mod conn;
+mod conns;
 mod function;
 mod keys;
 mod lease;
@@ -49,6 +50,7 @@ use crate::clock::Clock;
 use batch::Batcher;
 use cache::{cached_cut, cached_rejection, remember, Cut, RejectCache};
 use conn::Link;
+pub use conns::SharedSlot;
 use function::Decide;
 
 use overrides::overrides_keys;
@@ -141,6 +143,8 @@ pub struct RedisStore {
     /// This replica's slices of hot keys' budgets (`lease:`); a reload
     /// starts a new table (the old one's units are given back).
     leases: Arc<lease::Leases>,
+    /// Shared `max_conn` slots held by this process (kept across reloads).
+    conns: Arc<conns::Conns>,
     /// Requests queued into shared script calls (on a cluster, one per
     /// slot per batch).
     batcher: Batcher,
@@ -224,8 +228,10 @@ impl RedisStore {
             calls,
             clock: clock.clone(),
             leases: Arc::default(),
+            conns: Arc::new(conns::Conns::new(link.clone(), options.timeout)),
         };
         store.sweep_leases(SWEEP);
+        store.renew_conns();
         Ok((store, warning))
     }
 
@@ -266,6 +272,7 @@ impl RedisStore {
             batcher: self.batcher.clone(),
             clock: self.clock.clone(),
             leases: self.leases.clone(),
+            conns: self.conns.clone(),
         }
     }
 
