@@ -30,7 +30,7 @@ pub use calendar::{Calendar, Period, Zone};
 // What the binary, the integration tests and the benches open directly.
 pub use engine::Engine;
 pub use memory::{MemoryStore, ZoneSpec, ENTRY_BYTES};
-pub use redis::{cluster_decide, decide_forms, RedisOptions, RedisStore};
+pub use redis::{cluster_decide, cluster_node_decide, decide_forms, RedisOptions, RedisStore};
 
 /// What one limit says about one request.
 #[must_use]

@@ -92,6 +92,42 @@ async fn a_call_retried_with_its_receipt_is_charged_once() {
         .await
         .unwrap();
     assert!((1..=5000).contains(&ttl), "the receipt expires: PTTL {ttl}");
+
+    // The same through the function a node's batch calls (keys as
+    // arguments, no key declared).
+    let (library, function) = tollgate::limiter::cluster_node_decide();
+    let _: String = ::redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query_async(&mut reader)
+        .await
+        .expect("loads the library");
+    let node_call = |receipt: &'static str| {
+        let (mut conn, function) = (conn.clone(), function.clone());
+        async move {
+            let answer: Vec<u8> = ::redis::cmd("FCALL")
+                .arg(&function)
+                .arg(0)
+                .arg(2)
+                .arg("tollgate:{ip:203.0.113.8}:api")
+                .arg(receipt)
+                .arg(now)
+                .arg(spec)
+                .arg(5000)
+                .query_async(&mut conn)
+                .await
+                .expect("the function answers");
+            let word = |i: usize| i64::from_be_bytes(answer[8 * i..8 * i + 8].try_into().unwrap());
+            (word(1), word(2), word(3))
+        }
+    };
+    let first = node_call("tollgate:{ip:203.0.113.8}:once:b:1").await;
+    assert_eq!(first, (1, 0, 2));
+    assert_eq!(node_call("tollgate:{ip:203.0.113.8}:once:b:1").await, first);
+    assert_eq!(
+        node_call("tollgate:{ip:203.0.113.8}:once:b:2").await,
+        (1, 0, 1)
+    );
     assert!(server.keys_without_ttl("tollgate:*").is_empty());
 }
 
@@ -235,4 +271,41 @@ async fn a_slot_moved_under_load_keeps_the_count_exact() {
         receipts() == 0
     })
     .await;
+}
+
+/// Keys spread over the cluster's three primaries: 900 requests at once
+/// on 90 keys (10 each, limit 5 each) through three replicas. A node's
+/// jobs of several slots go in one call: every key admits exactly 5, in
+/// under half a script call a request (0.24-0.29 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_the_nodes_are_batched_per_node_and_exact() {
+    let cluster = RedisCluster::start();
+    let yaml = cluster_config(&cluster, "spread", 5, "1h");
+    let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..900 {
+        let addr = replicas[i % 3].addr;
+        tasks.spawn(async move {
+            let who = format!("tenant-{}", i % 90);
+            (i % 90, ask(addr, &who).await.0)
+        });
+    }
+    let mut admitted = [0usize; 90];
+    while let Some(r) = tasks.join_next().await {
+        let (key, status) = r.unwrap();
+        match status {
+            StatusCode::OK => admitted[key] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("{other}"),
+        }
+    }
+    assert!(admitted.iter().all(|n| *n == 5), "{admitted:?}");
+    let calls = cluster.calls("evalsha");
+    assert!(calls < 450, "{calls} script calls for 900 requests");
+    let spread = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.key_count("tollgate:*:spread") > 0)
+        .count();
+    assert_eq!(spread, 3, "keys on {spread} nodes");
 }

@@ -40,8 +40,11 @@ use redis::Script;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
+use redis::cluster_routing::Slot;
+
 use super::conn::{Conn, Link};
 use super::function::{evalsha_loading, Decide};
+use super::nodes::{self, by_node, by_slot, slot_of, SlotMap};
 
 /// Requests in one script call at most (Redis runs nothing else while a
 /// script runs).
@@ -92,7 +95,7 @@ pub const MOVING: &str = "the key's slot is moving to another Redis node (TRYAGA
 /// The script's clock and the request's decision numbers.
 pub type Answer = Result<(u64, Vec<i64>), Failure>;
 
-type Queued = (Job, oneshot::Sender<Answer>);
+pub type Queued = (Job, oneshot::Sender<Answer>);
 
 #[derive(Clone)]
 pub struct Batcher {
@@ -132,6 +135,7 @@ async fn run(
     calls: Arc<AtomicU64>,
     version_key: Arc<str>,
 ) {
+    let slots = SlotMap::default();
     let mut flying = FuturesUnordered::new();
     // Whether requests may still come (false once the store is dropped):
     // the calls in flight still end, then the loop does.
@@ -153,7 +157,8 @@ async fn run(
                 // Callers that gave up (timed out) are not decided for nothing.
                 batch.retain(|(_, reply)| !reply.is_closed());
                 if !batch.is_empty() {
-                    flying.push(fly(&link, &decide, &calls, &version_key, timeout, batch));
+                    let how = (&*link, &*decide, &*calls, &*version_key, timeout);
+                    flying.push(fly(how, &slots, batch));
                 }
             }
             else => return,
@@ -163,23 +168,109 @@ async fn run(
 
 /// One call for `batch`, its answers handed out as it ends, however it
 /// ends.
-async fn fly(
-    link: &Link,
-    decide: &Decide,
-    calls: &AtomicU64,
-    version_key: &str,
-    timeout: Duration,
-    batch: Vec<Queued>,
-) {
-    if link.is_cluster() {
-        let slots = by_slot(batch);
-        let each = slots
-            .into_iter()
-            .map(|part| answer(link, decide, calls, version_key, timeout, part));
-        futures_util::future::join_all(each).await;
-    } else {
-        answer(link, decide, calls, version_key, timeout, batch).await;
+async fn fly(how: How<'_>, slots: &SlotMap, batch: Vec<Queued>) {
+    let (link, decide, calls, version_key, timeout) = how;
+    if !link.is_cluster() {
+        return answer(link, decide, calls, version_key, timeout, batch).await;
     }
+    if slots.stale() {
+        if let Ok((_, mut conn)) = link.get() {
+            slots.refresh(&mut conn, timeout).await;
+        }
+    }
+    let each = by_node(batch, slots)
+        .into_iter()
+        .map(|group| node_answer(how, slots, group));
+    futures_util::future::join_all(each).await;
+}
+
+/// What a batch's calls need: the link, the script, the call counter, the
+/// overrides' version key and the timeout.
+type How<'a> = (&'a Link, &'a Decide, &'a AtomicU64, &'a str, Duration);
+
+/// One node's jobs in one call (see `nodes`), or one call per slot when
+/// that call found keys elsewhere or the servers cannot take it.
+async fn node_answer(how: How<'_>, slots: &SlotMap, group: Vec<Queued>) {
+    let (link, decide, calls, version_key, timeout) = how;
+    let first = slot_of(&group[0].0).1;
+    if slots.usable() && decide.by_node().is_some() {
+        let (jobs, replies): (Vec<Job>, Vec<_>) = group.into_iter().unzip();
+        match call_node(how, slots, &jobs, first).await {
+            Ok(each) => {
+                for (reply, answer) in replies.into_iter().zip(each) {
+                    let _ = reply.send(Ok(answer));
+                }
+                return;
+            }
+            Err(Some(failure)) => {
+                for reply in replies {
+                    let _ = reply.send(Err(failure.clone()));
+                }
+                return;
+            }
+            // Misrouted: nothing written; one call per slot.
+            Err(None) => {
+                let group: Vec<Queued> = jobs.into_iter().zip(replies).collect();
+                let each = by_slot(group)
+                    .into_iter()
+                    .map(|part| answer(link, decide, calls, version_key, timeout, part));
+                futures_util::future::join_all(each).await;
+                return;
+            }
+        }
+    }
+    let each = by_slot(group)
+        .into_iter()
+        .map(|part| answer(link, decide, calls, version_key, timeout, part));
+    futures_util::future::join_all(each).await;
+}
+
+/// The node call for `jobs` (slots of one primary), sent to the primary of
+/// `slot`: per job its numbers, a failure, or `None` when the call found
+/// keys that are not on that node (nothing was written).
+async fn call_node(
+    (link, decide, calls, version_key, timeout): How<'_>,
+    slots: &SlotMap,
+    jobs: &[Job],
+    slot: Slot,
+) -> Result<Vec<(u64, Vec<i64>)>, Option<Failure>> {
+    let forms = decide.by_node().ok_or(None)?;
+    let (generation, mut conn) = link.get().map_err(|why| Some((why.to_owned(), false)))?;
+    let first = jobs.first().and_then(|j| j.keys().next()).unwrap_or("");
+    let receipt = link.receipt(first).ok_or(None)?;
+    let receipt = Some((receipt, keep(timeout)));
+    let args = |cmd: &mut redis::Cmd| {
+        cmd.arg(0);
+        operands(cmd, (0, version_key), jobs, receipt.as_ref());
+    };
+    calls.fetch_add(1, Ordering::Relaxed);
+    let sent = tokio::time::timeout(timeout, nodes::call_at(&mut conn, slot, forms, args)).await;
+    let reply = match sent {
+        Err(_) => {
+            link.failed(None);
+            let why = format!("Redis did not answer within {}ms", timeout.as_millis());
+            return Err(Some((why, false)));
+        }
+        Ok(Err(e)) if nodes::misrouted(&e) || nodes::unflagged(&e) => {
+            tracing::debug!(error = %super::describe(&e), "rate-limit store: a node's batch found keys elsewhere; one call per slot");
+            if nodes::unflagged(&e) {
+                slots.refuse();
+            }
+            slots.fallbacks.fetch_add(1, Ordering::Relaxed);
+            slots.expire();
+            return Err(None);
+        }
+        Ok(Err(e)) => {
+            let broken = e.is_unrecoverable_error() || e.is_io_error();
+            link.failed(broken.then_some(generation));
+            return Err(Some((super::describe(&e), broken)));
+        }
+        Ok(Ok(reply)) => reply,
+    };
+    link.succeeded();
+    numbers(&reply)
+        .and_then(|values| split(&values, jobs))
+        .ok_or_else(|| Some(("unexpected answer from the script".to_owned(), false)))
 }
 
 /// One call for `batch` (on a cluster, all of one slot), its answers
@@ -205,22 +296,6 @@ async fn answer(
             }
         }
     }
-}
-
-/// `batch` split by the slot of each job's keys (a job's keys share one:
-/// the store splits a request by client key on a cluster), in queue order
-/// within each slot.
-fn by_slot(batch: Vec<Queued>) -> Vec<Vec<Queued>> {
-    use redis::cluster_routing::Slot;
-    let mut slots: Vec<(Slot, Vec<Queued>)> = Vec::new();
-    for q in batch {
-        let slot = Slot::for_key(q.0.keys().next().unwrap_or_default());
-        match slots.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, part)) => part.push(q),
-            None => slots.push((slot, vec![q])),
-        }
-    }
-    slots.into_iter().map(|(_, part)| part).collect()
 }
 
 /// Lets the requests the event loop has already woken (heads read in the

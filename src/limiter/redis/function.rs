@@ -34,6 +34,9 @@ const NO: u8 = 2;
 
 pub struct Decide {
     script: Script,
+    /// A cluster's: what takes a node's jobs of several slots in one call
+    /// (see `nodes`).
+    node: Option<super::nodes::NodeForms>,
     library: String,
     function: String,
     functions: AtomicU8,
@@ -53,6 +56,7 @@ impl Decide {
         let body = format!(
             "{source}\nif redis.replicate_commands then redis.replicate_commands() end\nreturn make()(KEYS, ARGV)\n"
         );
+        let node = receipts.then(|| super::nodes::NodeForms::new(source, &once(&body)));
         let script = Script::new(&if receipts { once(&body) } else { body });
         let hash = &script.get_hash()[..16];
         let function = format!("tollgate_decide_{hash}");
@@ -61,6 +65,7 @@ impl Decide {
         );
         Decide {
             script,
+            node,
             library,
             function,
             functions: AtomicU8::new(UNKNOWN),
@@ -70,6 +75,11 @@ impl Decide {
     /// The `EVALSHA` form.
     pub fn script(&self) -> &Script {
         &self.script
+    }
+
+    /// A cluster's forms for a node's jobs of several slots.
+    pub fn by_node(&self) -> Option<&super::nodes::NodeForms> {
+        self.node.as_ref()
     }
 
     /// The library's text, for `FUNCTION LOAD`.
@@ -209,7 +219,7 @@ pub fn receipt(key: &str, process: u64, call: u64) -> Option<String> {
 }
 
 /// The server does not have the function, or cannot run functions at all.
-fn missing(e: &RedisError) -> bool {
+pub fn missing(e: &RedisError) -> bool {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => true,
         ErrorKind::Server(ServerErrorKind::ResponseError) => {

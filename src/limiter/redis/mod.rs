@@ -32,6 +32,7 @@ mod conns;
 mod function;
 mod keys;
 mod lease;
+mod nodes;
 mod overrides;
 mod penalty;
 mod resets;
@@ -110,6 +111,17 @@ pub fn decide_forms() -> (String, String, Script) {
 /// long to keep the receipt (ms). For tests that call it directly.
 pub fn cluster_decide() -> Script {
     Decide::for_cluster(DECIDE).script().clone()
+}
+
+/// The function library a cluster's node calls load on each primary (see
+/// `nodes`), and its function's name: `FCALL <name> 0 <n> <keys...>
+/// <receipt> <clock> <specs...> <keep ms>`. For tests.
+pub fn cluster_node_decide() -> (String, String) {
+    let decide = Decide::for_cluster(DECIDE);
+    decide
+        .by_node()
+        .map(|f| (f.library.clone(), f.function.clone()))
+        .unwrap_or_default()
 }
 
 /// `redis://user:secret@host:6379/0` -> `redis://host:6379/0`.
