@@ -19,6 +19,10 @@
 # three Redis nodes, wrk): the numbers compare the modes with each other
 # on the same cores, not what each would do on machines of its own.
 #
+# CASES picks cases (e.g. CASES="cluster/spread one-redis/spread");
+# KEEP_LOGS=1 prints each case's most frequent warnings (LOG_LEVEL=debug
+# for more).
+#
 # Needs wrk and redis-server (installed from Debian's packages when
 # missing). Everything listens on 127.0.0.1 only; every run is bounded by
 # DURATION.
