@@ -316,3 +316,16 @@ routes:
     )
     .await;
 }
+
+/// The README's scaling example loads: a lease on a route limit and a
+/// shared `max_conn` on a cluster.
+#[test]
+fn the_readmes_scaling_example_loads() {
+    let config = readme_config("store: { kind: redis_cluster", "");
+    let summary = format!("{config:?}");
+    assert!(
+        summary.contains("slice: 50") && summary.contains("hold_ms: 1000"),
+        "{summary}"
+    );
+    assert!(summary.contains("max_conn_lease: Some(10000)"), "{summary}");
+}
