@@ -309,9 +309,9 @@ async fn a_reset_on_one_replica_unblocks_the_client_on_every_replica() {
             StatusCode::TOO_MANY_REQUESTS
         );
     }
-    let evals = redis.calls("evalsha");
+    let evals = redis.script_calls();
     assert_eq!(login(b.addr()).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(redis.calls("evalsha"), evals, "b refused from its cache");
+    assert_eq!(redis.script_calls(), evals, "b refused from its cache");
 
     let reset = admin(&a, "DELETE", "/api/keys/login/127.0.0.1", Some(TOKEN)).await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);

@@ -145,7 +145,7 @@ async fn a_hot_key_leased_on_a_cluster_never_passes_its_limit() {
         &format!("algorithm: fixed_window, limit: {LIMIT}, window: 1h"),
     );
     let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
-    hot_and_cold(&replicas, || cluster.calls("evalsha")).await;
+    hot_and_cold(&replicas, || cluster.script_calls()).await;
     // Every key and every receipt expires; given-back units included.
     for n in &cluster.nodes {
         assert!(n.keys_without_ttl("tollgate:*").is_empty());
@@ -161,7 +161,7 @@ async fn a_hot_quota_leased_on_a_cluster_never_passes_its_limit() {
         &format!("algorithm: quota, limit: {LIMIT}, period: day, time_zone: Europe/Berlin"),
     );
     let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
-    hot_and_cold(&replicas, || cluster.calls("evalsha")).await;
+    hot_and_cold(&replicas, || cluster.script_calls()).await;
 }
 
 /// The same with a sliding window on one Redis.
@@ -173,7 +173,7 @@ async fn a_hot_key_leased_on_one_redis_never_passes_its_limit() {
         &format!("algorithm: sliding_window, limit: {LIMIT}, window: 1h"),
     );
     let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
-    hot_and_cold(&replicas, || redis.calls("fcall") + redis.calls("evalsha")).await;
+    hot_and_cold(&replicas, || redis.script_calls()).await;
     assert!(redis.keys_without_ttl("tollgate:*").is_empty());
 }
 
@@ -240,16 +240,7 @@ routes:
     let m = a.metrics().await;
     let spent = metric(&m, "tollgate_store_lease_units_total{kind=\"spent\"}");
     assert!(spent >= 20, "{spent} of 30 decided from slices");
-    // "F:<window start>:<count>|<numbers>"
-    let count = || -> u64 {
-        let key = redis.cli(&["--scan", "--pattern", "tollgate:*:api"]);
-        let state = redis.cli(&["GET", key.trim()]);
-        state
-            .split(['|', ':'])
-            .nth(2)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
+    let count = || redis.window_count("tollgate:*:api");
     until(
         Duration::from_secs(5),
         "the unspent units are given back",
@@ -299,15 +290,7 @@ routes:
     }
     assert_eq!(statuses[..10], [200; 10]);
     assert_eq!(statuses[10..], [429; 30]);
-    let count = |limit: &str| -> u64 {
-        let key = redis.cli(&["--scan", "--pattern", &format!("tollgate:*:{limit}")]);
-        let state = redis.cli(&["GET", key.trim()]);
-        state
-            .split(['|', ':'])
-            .nth(2)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
+    let count = |limit: &str| redis.window_count(&format!("tollgate:*:{limit}"));
     assert_eq!(count("narrow"), 10);
     until(
         Duration::from_secs(5),

@@ -47,6 +47,14 @@ fn holder(cluster: &RedisCluster, pattern: &str) -> usize {
     holders[0]
 }
 
+/// decide.lua's answer (now, then per request: checks decided, and per
+/// check code, remaining, reset) -> the first request's checks decided
+/// and its first check's code and remaining.
+fn first_decision(answer: &[u8]) -> (i64, i64, i64) {
+    let word = |i: usize| i64::from_be_bytes(answer[8 * i..8 * i + 8].try_into().unwrap());
+    (word(1), word(2), word(3))
+}
+
 /// decide.lua as a cluster runs it, called straight twice with one
 /// receipt (what the cluster client's retry after a dropped connection
 /// does): the second call answers the first's numbers and charges nothing;
@@ -75,9 +83,7 @@ async fn a_call_retried_with_its_receipt_is_charged_once() {
                 .invoke_async(&mut conn)
                 .await
                 .expect("the script answers");
-            // now, checks decided, then code, remaining, reset
-            let word = |i: usize| i64::from_be_bytes(answer[8 * i..8 * i + 8].try_into().unwrap());
-            (word(1), word(2), word(3))
+            first_decision(&answer)
         }
     };
     let first = call("tollgate:{ip:203.0.113.7}:once:a:1").await;
@@ -117,8 +123,7 @@ async fn a_call_retried_with_its_receipt_is_charged_once() {
                 .query_async(&mut conn)
                 .await
                 .expect("the function answers");
-            let word = |i: usize| i64::from_be_bytes(answer[8 * i..8 * i + 8].try_into().unwrap());
-            (word(1), word(2), word(3))
+            first_decision(&answer)
         }
     };
     let first = node_call("tollgate:{ip:203.0.113.8}:once:b:1").await;
@@ -242,13 +247,7 @@ async fn a_slot_moved_under_load_keeps_the_count_exact() {
         .collect();
     assert!(others.is_empty(), "{others:?}");
     assert!(statuses.len() > 100, "only {} requests", statuses.len());
-    // "F:<window start>:<count>", maybe with "|<numbers>" after.
-    let state = cluster.nodes[to].cli(&["GET", key.trim()]);
-    let count: usize = state
-        .split(['|', ':'])
-        .nth(2)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("state {state:?}"));
+    let count = cluster.nodes[to].window_count(key.trim()) as usize;
     assert!(
         ok <= count && count <= ok + failed,
         "{ok} admitted, {failed} failed closed, {count} counted: a charge lost or made twice"
@@ -300,7 +299,7 @@ async fn keys_spread_over_the_nodes_are_batched_per_node_and_exact() {
         }
     }
     assert!(admitted.iter().all(|n| *n == 5), "{admitted:?}");
-    let calls = cluster.calls("evalsha");
+    let calls = cluster.script_calls();
     assert!(calls < 450, "{calls} script calls for 900 requests");
     let spread = cluster
         .nodes

@@ -91,7 +91,7 @@ async fn three_replicas_on_a_redis_cluster_admit_exactly_the_limit() {
     let replicas: Vec<Running> = (0..3).map(|_| Running::start(&yaml)).collect();
     exactly_the_limit_in_every_trial(&replicas, "cluster").await;
     // Requests on one key share script calls, on a cluster as on one node.
-    let calls = cluster.calls("evalsha");
+    let calls = cluster.script_calls();
     assert!(
         calls < (TRIALS * REQUESTS / 4) as u64,
         "{calls} script calls for {} requests",

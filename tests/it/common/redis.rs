@@ -202,6 +202,24 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// The count of the fixed window held by the one key under `pattern`
+    /// (its state "F:<window start>:<count>|<numbers>"); 0 without one.
+    pub fn window_count(&self, pattern: &str) -> u64 {
+        let key = self.cli(&["--scan", "--pattern", pattern]);
+        let state = self.cli(&["GET", key.trim()]);
+        state
+            .split(['|', ':'])
+            .nth(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Decision calls so far: `FCALL` (a function library) and `EVALSHA`
+    /// (a script) together.
+    pub fn script_calls(&self) -> u64 {
+        self.calls("fcall") + self.calls("evalsha")
+    }
+
     /// Keys (from `SCAN`) under `pattern` that have no TTL.
     pub fn keys_without_ttl(&self, pattern: &str) -> Vec<String> {
         let keys = self.cli(&["--scan", "--pattern", pattern]);
@@ -428,5 +446,10 @@ impl RedisCluster {
     /// Sum of a command's calls over all nodes.
     pub fn calls(&self, command: &str) -> u64 {
         self.nodes.iter().map(|n| n.calls(command)).sum()
+    }
+
+    /// Decision calls (`FCALL` and `EVALSHA`) over all nodes.
+    pub fn script_calls(&self) -> u64 {
+        self.calls("fcall") + self.calls("evalsha")
     }
 }
