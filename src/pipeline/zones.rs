@@ -115,8 +115,7 @@ impl Zones {
             };
             let key = cx.pending.push(group, zone.dry_run, Origin::Zone(z), &key);
             if zone.max_conn.is_some() {
-                let key = key.to_owned();
-                self.hold(engine, z, &key, &mut cx.end.slots).await?;
+                self.hold(engine, z, key, &mut cx.end.slots).await?;
             }
         }
         Ok(())

@@ -38,8 +38,9 @@ use super::{LimiterError, Outcome, RedisStore};
 /// Requests a key must have had on this replica within the last `hold`
 /// for its next one to take a slice.
 pub const HOT: u64 = 4;
-/// Keys tracked at most; past it, new keys are decided request by request.
-const MAX_KEYS: usize = 100_000;
+/// Keys tracked at most (about 250 bytes each); past it, new keys are
+/// decided request by request until quiet ones are forgotten.
+const MAX_KEYS: usize = 20_000;
 
 type Entry = Arc<tokio::sync::Mutex<Slice>>;
 
