@@ -123,10 +123,7 @@ pub fn limits(p: &Pipeline) -> Reply {
             // A quota's period ("month (Europe/Berlin)"); a penalty box.
             o["period"] = json!(v.limit.algorithm.calendar().map(ToString::to_string));
             o["penalty"] = penalty_json(&v);
-            o["lease"] = match v.limit.lease {
-                None => Value::Null,
-                Some(l) => json!({ "slice": l.slice, "hold_seconds": l.hold_ms as f64 / 1000.0 }),
-            };
+            o["lease"] = lease_json(&v);
             o
         })
         .collect();
@@ -154,6 +151,14 @@ fn penalty_json(v: &LimitView<'_>) -> Value {
         "forgive_seconds": seconds(b.rules.forgive_ms),
         "status": b.status.as_u16(),
     })
+}
+
+/// A limit's lease: `{slice, hold_seconds}`, or null.
+fn lease_json(v: &LimitView<'_>) -> Value {
+    v.limit.lease.map_or(
+        Value::Null,
+        |l| json!({ "slice": l.slice, "hold_seconds": l.hold_ms as f64 / 1000.0 }),
+    )
 }
 
 /// A limit's numbers per plan: `[{plan, quota, window_seconds}]`.
@@ -472,6 +477,7 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
                 .collect();
             o["plans"] = plans_json(p, &v);
             o["penalty"] = penalty_json(&v);
+            o["lease"] = lease_json(&v);
             o
         })
         .collect();

@@ -380,7 +380,7 @@ routes:
   - name: api
     match: {{ path_prefix: /api/ }}
     respond: {{ body: \"ok\\n\" }}
-    limits: [{{ name: items, algorithm: fixed_window, key: ip, limit: 1000, window: 1m, plans: {{ pro: {{ limit: 5000 }} }} }}]
+    limits: [{{ name: items, algorithm: fixed_window, key: ip, limit: 1000, window: 1m, plans: {{ pro: {{ limit: 5000 }} }}, lease: {{ slice: 40, hold: 2s }} }}]
 "
     );
     let proxy = TestProxy::spawn(&yaml).await;
@@ -469,6 +469,10 @@ routes:
         card.as_str().unwrap().contains("penalty box: 25 refusals"),
         "{card}"
     );
+    let lease = browser
+        .eval("document.querySelector('section.limit[data-limit=\"items\"] .lease').textContent")
+        .await;
+    assert_eq!(lease, "leased: slices of up to 40 held 2s", "{lease}");
     // The offender kept hitting the login limit: the penalty box holds it,
     // and the Lift button (two clicks) ends the ban.
     let lift = format!("document.querySelector('#bans tr[data-key=\"{OFFENDER}\"] button')");
