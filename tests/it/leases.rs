@@ -312,3 +312,35 @@ fn the_readmes_scaling_example_loads() {
     );
     assert!(summary.contains("max_conn_lease: Some(10000)"), "{summary}");
 }
+
+/// A reload starts a new lease table: the old one's slices go back to
+/// Redis as soon as the old config's last request is done, long before
+/// their hold (30 s here) would have ended; also with a penalty box,
+/// whose ban watcher lives as long as the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_gives_the_slices_back() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "store: {{ kind: redis, url: '{}', timeout: 2s, on_error: fail_closed }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{ body: \"ok\\n\" }}
+    limits: [{{ name: api, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: {{ slice: 50, hold: 30s }}, penalty: {{ after: 1000 }} }}]
+",
+        redis.url()
+    );
+    let a = Running::start(&yaml);
+    for i in 0..30 {
+        let got = send_with(a.addr, "GET", "/", &[("x-who", "tenant-e")], b"").await;
+        assert_eq!(got.status.as_u16(), 200, "request {i}");
+    }
+    let count = || redis.window_count("tollgate:*:api");
+    assert!(count() > 30, "units held in a slice: {}", count());
+    a.signal("-HUP");
+    until(
+        Duration::from_secs(10),
+        "the old table's slices go back",
+        || async { count() == 30 },
+    )
+    .await;
+}

@@ -416,7 +416,8 @@ impl RedisStore {
     /// forgets keys quiet for ten of their `hold`s. Runs until the store
     /// and every reload of it are gone, or a reload replaced its table.
     pub(super) fn sweep_leases(&self, every: std::time::Duration) {
-        let (store, alive) = self.handle();
+        let (mut store, alive) = self.handle();
+        store.leases = self.leases.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

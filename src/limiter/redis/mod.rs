@@ -293,9 +293,12 @@ impl RedisStore {
     /// (gone when the store and every reload of it are dropped).
     fn handle(&self) -> (RedisStore, std::sync::Weak<Alive>) {
         let alive = self._alive.as_ref().map(Arc::downgrade).unwrap_or_default();
+        // (no slices: a long-lived task must not keep a replaced lease
+        // table alive, see `sweep_leases`)
         let handle = RedisStore {
             _alive: None,
             cache: None,
+            leases: Arc::default(),
             ..self.reloaded_parts()
         };
         (handle, alive)
