@@ -287,6 +287,21 @@ impl Engine {
         }
     }
 
+    /// Counts a request decided by `limit`'s failure mode; the 503 error a
+    /// `fail_closed` one gets.
+    fn fell_back(&self, limit: &Limit, err: &LimiterError) -> LimiterError {
+        let n = match limit.on_error {
+            OnError::FailOpen => 0,
+            OnError::FailClosed => 1,
+            OnError::Local => 2,
+        };
+        self.stats.fallbacks[n].fetch_add(1, Ordering::Relaxed);
+        LimiterError::Closed {
+            limit: limit.name.clone(),
+            cause: err.to_string(),
+        }
+    }
+
     /// The decision without Redis, limit by limit as `on_error` says.
     fn fallback(&self, checks: &[Check<'_>], err: &LimiterError) -> Result<Outcome, LimiterError> {
         let now = self.memory.now_ms();
@@ -295,15 +310,11 @@ impl Engine {
             .iter()
             .find(|c| !c.dry_run && c.limit.on_error == OnError::FailClosed)
         {
-            self.stats.fallbacks[1].fetch_add(1, Ordering::Relaxed);
-            return Err(LimiterError::Closed {
-                limit: c.limit.name.clone(),
-                cause: err.to_string(),
-            });
+            return Err(self.fell_back(c.limit, err));
         }
-        for (n, mode) in [(0, OnError::FailOpen), (2, OnError::Local)] {
-            if checks.iter().any(|c| c.limit.on_error == mode) {
-                self.stats.fallbacks[n].fetch_add(1, Ordering::Relaxed);
+        for mode in [OnError::FailOpen, OnError::Local] {
+            if let Some(c) = checks.iter().find(|c| c.limit.on_error == mode) {
+                self.fell_back(c.limit, err);
             }
         }
         let local = |c: &Check<'_>| c.limit.on_error == OnError::Local;

@@ -129,6 +129,20 @@ async fn hot_and_cold(replicas: &[Running], calls: impl Fn() -> u64) {
     assert_eq!(seen, expect);
 }
 
+/// One route on `redis` answering "ok" under `limits` (YAML flow maps,
+/// comma-separated), failing closed.
+fn on_redis(redis: &RedisServer, limits: &str) -> String {
+    format!(
+        "store: {{ kind: redis, url: '{}', timeout: 2s, on_error: fail_closed }}
+routes:
+  - match: {{ path_prefix: / }}
+    respond: {{ body: \"ok\\n\" }}
+    limits: [{limits}]
+",
+        redis.url()
+    )
+}
+
 /// The value of the metric line starting with `name` (0 when absent).
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
@@ -220,14 +234,9 @@ fn lease_config_problems_name_their_paths() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slice_left_unspent_goes_back_to_redis() {
     let redis = RedisServer::start();
-    let yaml = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s, on_error: fail_closed }}
-routes:
-  - match: {{ path_prefix: / }}
-    respond: {{ body: \"ok\\n\" }}
-    limits: [{{ name: api, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: {{ slice: 50, hold: 300ms }} }}]
-",
-        redis.url()
+    let yaml = on_redis(
+        &redis,
+        "{ name: api, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: { slice: 50, hold: 300ms } }",
     );
     let (a, b) = (Running::start(&yaml), Running::start(&yaml));
     let mut c = h1(a.addr).await;
@@ -268,16 +277,10 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_limit_stays_all_or_nothing_with_its_route() {
     let redis = RedisServer::start();
-    let yaml = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s, on_error: fail_closed }}
-routes:
-  - match: {{ path_prefix: / }}
-    respond: {{ body: \"ok\\n\" }}
-    limits:
-      - {{ name: wide, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: {{ slice: 50, hold: 200ms }} }}
-      - {{ name: narrow, algorithm: fixed_window, limit: 10, window: 1h, key: 'header:x-who' }}
-",
-        redis.url()
+    let yaml = on_redis(
+        &redis,
+        "{ name: wide, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: { slice: 50, hold: 200ms } },
+       { name: narrow, algorithm: fixed_window, limit: 10, window: 1h, key: 'header:x-who' }",
     );
     let a = Running::start(&yaml);
     let mut c = h1(a.addr).await;
@@ -320,14 +323,9 @@ fn the_readmes_scaling_example_loads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_gives_the_slices_back() {
     let redis = RedisServer::start();
-    let yaml = format!(
-        "store: {{ kind: redis, url: '{}', timeout: 2s, on_error: fail_closed }}
-routes:
-  - match: {{ path_prefix: / }}
-    respond: {{ body: \"ok\\n\" }}
-    limits: [{{ name: api, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: {{ slice: 50, hold: 30s }}, penalty: {{ after: 1000 }} }}]
-",
-        redis.url()
+    let yaml = on_redis(
+        &redis,
+        "{ name: api, algorithm: fixed_window, limit: 100, window: 1h, key: 'header:x-who', lease: { slice: 50, hold: 30s }, penalty: { after: 1000 } }",
     );
     let a = Running::start(&yaml);
     for i in 0..30 {

@@ -1,7 +1,6 @@
 //! `max_conn` slots: this process's counter, or shared through Redis
 //! (`max_conn_lease`), whose failure follows the zone's `on_error`.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::conn::{ConnCounter, ConnSlot};
@@ -29,17 +28,9 @@ impl Engine {
             Err(e) => e,
         };
         self.warn_degraded(self.memory.now_ms(), &err);
-        let mode = match limit.on_error {
-            OnError::FailOpen => 0,
-            OnError::FailClosed => 1,
-            OnError::Local => 2,
-        };
-        self.stats.fallbacks[mode].fetch_add(1, Ordering::Relaxed);
+        let closed = self.fell_back(limit, &err);
         match limit.on_error {
-            OnError::FailClosed => Err(LimiterError::Closed {
-                limit: limit.name.clone(),
-                cause: err.to_string(),
-            }),
+            OnError::FailClosed => Err(closed),
             OnError::FailOpen => Ok(Some(ConnSlot::Open)),
             OnError::Local => {
                 let share = u64::from(max).div_ceil(limit.replicas.max(1)).max(1);
