@@ -14,6 +14,9 @@ use super::{
 
 /// The longest chunk-size line (size, extensions) or trailer line.
 const MAX_LINE: usize = 4096;
+/// The most trailer bytes kept for the client and settlement; lines past
+/// it are read and dropped.
+pub const MAX_TRAILERS: usize = 8 << 10;
 
 /// Why a response's framing cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +79,14 @@ pub enum Chunk {
 
 impl Framing {
     /// Takes what it can from the bytes read: `Some(Some(data))`, the end
-    /// (`Some(None)`), or `None` when more must be read.
-    pub fn decode(&mut self, read: &mut BytesMut) -> Result<Option<Option<Bytes>>, DecodeError> {
+    /// (`Some(None)`), or `None` when more must be read. A chunked body's
+    /// trailer lines are appended to `trailers` as they arrive (CRLF after
+    /// each, at most `MAX_TRAILERS` bytes of them).
+    pub fn decode(
+        &mut self,
+        read: &mut BytesMut,
+        trailers: &mut BytesMut,
+    ) -> Result<Option<Option<Bytes>>, DecodeError> {
         loop {
             match self {
                 Framing::Length(0) => return Ok(Some(None)),
@@ -120,12 +129,14 @@ impl Framing {
                     *self = Framing::Chunked(Chunk::Size);
                 }
                 Framing::Chunked(Chunk::Trailers) => {
-                    // Trailers are read and dropped, as nginx does.
                     let Some(line) = take_line(read)? else {
                         return Ok(None);
                     };
                     if line.is_empty() {
                         *self = Framing::Length(0);
+                    } else if trailers.len() + line.len() + 2 <= MAX_TRAILERS {
+                        trailers.extend_from_slice(&line);
+                        trailers.extend_from_slice(b"\r\n");
                     }
                 }
             }
@@ -210,6 +221,41 @@ pub fn framing(
     }
 }
 
+/// The trailer lines `decode` kept, as the fields a client may be sent:
+/// hop-by-hop fields and those that frame or route a message (RFC 9110
+/// §6.5.1) left out, and so is a line that is not a valid field.
+pub fn trailer_fields(lines: &[u8]) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if is_hop_by_hop(name) || NOT_TRAILERS.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name),
+            http::HeaderValue::from_bytes(value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
+/// Fields a trailer may not carry (besides the hop-by-hop ones).
+const NOT_TRAILERS: [&[u8]; 7] = [
+    b"content-length",
+    b"content-type",
+    b"content-encoding",
+    b"content-range",
+    b"host",
+    b"authorization",
+    b"set-cookie",
+];
+
 /// One CRLF-terminated line off the front of `read` (without the CRLF);
 /// a line ended by a bare LF is refused (what is left in it is checked by
 /// `chunk_size`, or is a trailer line, dropped).
@@ -225,5 +271,41 @@ fn take_line(read: &mut BytesMut) -> Result<Option<Bytes>, DecodeError> {
         }
         None if read.len() > MAX_LINE => Err(DecodeError::LineTooLong),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_trailers_are_kept_within_their_bound_and_filtered() {
+        let mut framing = Framing::Chunked(Chunk::Size);
+        let mut read = BytesMut::from(
+            &b"2\r\nok\r\n0\r\nx-usage: 12\r\nTransfer-Encoding: chunked\r\nHost: evil\r\n\r\n"[..],
+        );
+        let mut trailers = BytesMut::new();
+        assert_eq!(
+            framing.decode(&mut read, &mut trailers),
+            Ok(Some(Some(Bytes::from("ok"))))
+        );
+        assert_eq!(framing.decode(&mut read, &mut trailers), Ok(Some(None)));
+        let fields = trailer_fields(&trailers);
+        assert_eq!(fields.len(), 1, "{fields:?}");
+        assert_eq!(fields["x-usage"], "12");
+
+        // Past MAX_TRAILERS, further lines are read and dropped.
+        let mut framing = Framing::Chunked(Chunk::Size);
+        let mut wire = b"0\r\n".to_vec();
+        for i in 0..400 {
+            wire.extend_from_slice(format!("x-field-{i}: {}\r\n", "v".repeat(20)).as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        let mut read = BytesMut::from(&wire[..]);
+        let mut trailers = BytesMut::new();
+        assert_eq!(framing.decode(&mut read, &mut trailers), Ok(Some(None)));
+        assert!(read.is_empty());
+        assert!(trailers.len() <= MAX_TRAILERS);
+        assert!(trailer_fields(&trailers).len() > 100);
     }
 }

@@ -502,7 +502,11 @@ impl Pipeline {
                 }
             },
         };
-        self.settle(cx, route, Some(resp.headers())).await;
+        let head = settle::Head {
+            headers: resp.headers(),
+            lines: &resp.body().lines().lines,
+        };
+        self.settle(cx, route, Some(head)).await;
         if !cx.deferred.is_empty() {
             let status = resp.status().as_u16();
             decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;

@@ -60,19 +60,30 @@ pub async fn forward(
         _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
-    // Trailers and gRPC deadlines travel only to an HTTP/2 upstream: a
-    // request to an HTTP/1.1 one looks up neither field.
+    // A cost settled from a trailer asks the upstream for trailers, on
+    // either protocol.
+    let settles_by_trailer = cx
+        .reserved
+        .iter()
+        .any(|r| matches!(r.settle.from, crate::config::SettleFrom::Trailer(_)));
+    // gRPC deadlines travel only to an HTTP/2 upstream, and trailers the
+    // client asked for to either (an HTTP/1.1 client is never sent any: a
+    // request from one to an HTTP/1.1 upstream looks up neither field).
     let call = if upstream.may_speak_h2() {
         let grpc = response::grpc::is_grpc(req.headers());
         Call {
             grpc,
-            trailers: grpc || asks_for_trailers(req.headers()),
+            trailers: grpc || settles_by_trailer || asks_for_trailers(req.headers()),
             timeout: grpc
                 .then(|| response::grpc::timeout(req.headers()))
                 .flatten(),
         }
     } else {
-        Call::default()
+        Call {
+            trailers: settles_by_trailer
+                || (req.version() == Version::HTTP_2 && asks_for_trailers(req.headers())),
+            ..Call::default()
+        }
     };
     // A gRPC call's deadline runs from here, through the response body.
     let deadline = call.timeout.map(|t| tokio::time::Instant::now() + t);

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 
+use super::body::HeadLines;
 use crate::clock::Clock;
 use crate::config::{OnSettleFailure, Settle, SettleFrom};
 use crate::limiter::engine::Engine;
@@ -73,6 +74,33 @@ fn from_headers(headers: &HeaderMap, name: &http::HeaderName) -> Reported {
     }
 }
 
+/// A response head as settlement reads it: the header map, and the
+/// fields an HTTP/1.1 upstream's answer carries as lines beside it
+/// ([`HeadLines`]: names in lower case, never in the map).
+#[derive(Clone, Copy)]
+pub struct Head<'a> {
+    pub headers: &'a HeaderMap,
+    pub lines: &'a [u8],
+}
+
+impl Head<'_> {
+    /// The cost the field `name` reports, from the map or else the lines
+    /// (the first of either).
+    fn reported(&self, name: &http::HeaderName) -> Reported {
+        if self.headers.contains_key(name) {
+            return from_headers(self.headers, name);
+        }
+        let value = HeadLines::fields(self.lines)
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_str().as_bytes()))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .and_then(units);
+        match value {
+            Some(n) => Reported::Units(n),
+            None => Reported::Missing,
+        }
+    }
+}
+
 /// Units more than reserved (fewer when negative), and what to count.
 fn delta(r: &Reserved, reported: Reported) -> Option<i64> {
     let units = r.units as i64;
@@ -123,7 +151,7 @@ pub async fn after_head(
     metrics: &Metrics,
     clock: &Clock,
     reserved: Vec<Reserved>,
-    headers: &HeaderMap,
+    head: Head<'_>,
 ) -> Option<Box<Watch>> {
     let (now, later): (Vec<_>, Vec<_>) = reserved
         .into_iter()
@@ -134,7 +162,7 @@ pub async fn after_head(
             let SettleFrom::Header(name) = &r.settle.from else {
                 unreachable!("partitioned on it")
             };
-            let reported = from_headers(headers, name);
+            let reported = head.reported(name);
             (r, reported)
         })
         .collect();
@@ -252,7 +280,7 @@ impl super::Pipeline {
         &self,
         cx: &mut super::ctx::Ctx<'_>,
         route: &crate::config::RouteConfig,
-        head: Option<&HeaderMap>,
+        head: Option<Head<'_>>,
     ) {
         if cx.reserved.is_empty() {
             return;

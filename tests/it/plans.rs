@@ -507,8 +507,10 @@ async fn a_cost_comes_from_a_trusted_header_or_a_claim_and_is_capped() {
 // ------------------------------------------------------------ settlement
 
 /// A fake LLM API: every answer reports the tokens the request asked for
-/// (`?tokens=N`, after `?ms=` of thinking) in a header (`/header`), an
-/// HTTP/2 trailer (`/trailer`), or a last server-sent event (`/stream`).
+/// (`?tokens=N`, after `?ms=` of thinking) in a header (`/header`), a
+/// trailer (`/trailer`: HTTP/2's, or HTTP/1.1's after the last chunk), or
+/// a last server-sent event (`/stream`). It speaks whichever protocol the
+/// proxy opens with.
 async fn llm() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -562,6 +564,12 @@ async fn llm() -> SocketAddr {
                         Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
                     if matches!(req.uri().path(), "/header" | "/log") {
                         *resp.headers_mut() = headers;
+                    } else if req.uri().path() == "/trailer" {
+                        // (hyper's HTTP/1.1 server sends only the trailer
+                        // fields its head declares, and only to a request
+                        // that asked for them with `TE: trailers`)
+                        resp.headers_mut()
+                            .insert("trailer", "x-tokens-used".parse().unwrap());
                     }
                     Ok::<_, std::convert::Infallible>(resp)
                 });
@@ -574,9 +582,14 @@ async fn llm() -> SocketAddr {
     addr
 }
 
-/// Three routes on the fake LLM, one per way it reports usage; each limit
-/// is 1000 tokens an hour per key, 100 reserved per call.
-fn llm_config(store: &Store, upstream: SocketAddr, extra_store: &str) -> String {
+/// Both protocols tollgate speaks to an upstream: every settlement test
+/// runs on each.
+const UPSTREAM_PROTOCOLS: [&str; 2] = ["http1", "h2"];
+
+/// Four routes on the fake LLM, one per way it reports usage; each limit
+/// is 1000 tokens an hour per key, 100 reserved per call. `protocol`: the
+/// upstream's.
+fn llm_config(store: &Store, upstream: SocketAddr, protocol: &str, extra_store: &str) -> String {
     let store = match store {
         Store::Redis(r) => r.store_yaml(extra_store),
         other => other.yaml(),
@@ -600,7 +613,7 @@ fn llm_config(store: &Store, upstream: SocketAddr, extra_store: &str) -> String 
     config(&format!(
         "{store}
 upstreams:
-  llm: {{ targets: ['{upstream}'], protocol: h2, timeout: 10s }}
+  llm: {{ targets: ['{upstream}'], protocol: {protocol}, timeout: 10s }}
 routes:
 {}{}{}{}",
         route("/header", "{ header: x-tokens-used, on_failure: refund }"),
@@ -624,7 +637,12 @@ async fn call(addr: SocketAddr, path: &str, tenant: &str) -> (StatusCode, u64) {
         .get("x-ratelimit-remaining")
         .map_or(0, |v| v.to_str().unwrap().parse().unwrap());
     // Read the whole body (and trailers): the call ends there.
-    let _ = resp.into_body().collect().await;
+    let body = resp.into_body().collect().await.unwrap();
+    if path.starts_with("/trailer") && !path.contains("silent") && status == StatusCode::OK {
+        // The trailer reaches the client too, from either protocol.
+        let trailers = body.trailers().expect("the upstream's trailers relayed");
+        assert!(trailers.contains_key("x-tokens-used"), "{trailers:?}");
+    }
     (status, remaining)
 }
 
@@ -659,18 +677,21 @@ async fn settled_to(proxy: &TestProxy, path: &str, tenant: &str, want: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_settles_from_a_header_a_trailer_or_the_last_event() {
     let upstream = llm().await;
-    for store in stores() {
-        let proxy = TestProxy::spawn(&llm_config(&store, upstream, "")).await;
+    for (store, protocol) in UPSTREAM_PROTOCOLS
+        .into_iter()
+        .flat_map(|p| stores().into_iter().map(move |s| (s, p)))
+    {
+        let proxy = TestProxy::spawn(&llm_config(&store, upstream, protocol, "")).await;
         let addr = proxy.addr();
         for path in ["/header", "/trailer", "/stream", "/log"] {
-            let tenant = format!("tenant{path}");
+            let tenant = format!("tenant{path}{protocol}");
             // 100 reserved (the headers speak in tokens), 30 used: 70 back.
             let first = call(addr, &format!("{path}?tokens=30"), &tenant).await;
-            assert_eq!(first, (StatusCode::OK, 900), "{path}");
+            assert_eq!(first, (StatusCode::OK, 900), "{path} over {protocol}");
             settled_to(&proxy, path, &tenant, 30).await;
             // 250 used: 150 more than reserved.
             let second = call(addr, &format!("{path}?tokens=250"), &tenant).await;
-            assert_eq!(second, (StatusCode::OK, 870), "{path}");
+            assert_eq!(second, (StatusCode::OK, 870), "{path} over {protocol}");
             settled_to(&proxy, path, &tenant, 280).await;
             // No usage reported: /header refunds all, the others keep the
             // reservation.
@@ -685,15 +706,18 @@ async fn usage_settles_from_a_header_a_trailer_or_the_last_event() {
             .expect("counted")
             .1;
         // reserved, settled, refunded, extra
-        assert_eq!(*row, [300, 280, 170, 150]);
+        assert_eq!(*row, [300, 280, 170, 150], "over {protocol}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_expensive_calls_overshoot_only_by_their_settled_extra() {
     let upstream = llm().await;
-    for store in stores() {
-        let yaml = llm_config(&store, upstream, "");
+    for (store, protocol) in UPSTREAM_PROTOCOLS
+        .into_iter()
+        .flat_map(|p| stores().into_iter().map(move |s| (s, p)))
+    {
+        let yaml = llm_config(&store, upstream, protocol, "");
         // Two replicas share Redis; the memory store is one process's.
         let a = TestProxy::spawn(&yaml).await;
         let b = match store {
@@ -717,7 +741,7 @@ async fn concurrent_expensive_calls_overshoot_only_by_their_settled_extra() {
                 other => panic!("{other}"),
             }
         }
-        assert_eq!(ok, 10);
+        assert_eq!(ok, 10, "over {protocol}");
         // All settled: 1000 reserved, 1500 charged (the 500 extra is the
         // overshoot, all of it from calls already admitted).
         let settled = |p: &TestProxy| {
@@ -751,38 +775,44 @@ async fn concurrent_expensive_calls_overshoot_only_by_their_settled_extra() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_failing_between_reserve_and_settle_keeps_the_reservation_once() {
     let upstream = llm().await;
-    let redis = RedisServer::start();
-    let store = Store::Redis(redis);
-    let yaml = llm_config(&store, upstream, "")
-        .replace("timeout: 2s }", "timeout: 300ms, on_error: fail_open }");
-    let proxy = TestProxy::spawn(&yaml).await;
-    let Store::Redis(redis) = &store else {
-        unreachable!()
-    };
-    // Reserved with Redis up; Redis stops answering while the upstream
-    // thinks; the settlement times out within the store timeout.
-    let answer = tokio::spawn(call(proxy.addr(), "/header?tokens=250&ms=800", "outage"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    redis.pause(true);
-    let got = tokio::time::timeout(Duration::from_secs(5), answer)
-        .await
-        .expect("answered in time")
-        .unwrap();
-    assert_eq!(got.0, StatusCode::OK);
-    until(
-        Duration::from_secs(5),
-        "the failed settlement to be counted",
-        || async { proxy.pipeline.engine().unsettled() == 1 },
-    )
-    .await;
-    redis.pause(false);
-    // Back. The settlement was not repeated: the one sent (queued in the
-    // stopped server's socket) applied once, 250, never 400.
-    until(Duration::from_secs(10), "Redis to answer again", || async {
-        used(&proxy, "/header", "outage").await.is_some()
-    })
-    .await;
-    assert_eq!(used(&proxy, "/header", "outage").await, Some(250));
+    for protocol in UPSTREAM_PROTOCOLS {
+        let redis = RedisServer::start();
+        let store = Store::Redis(redis);
+        let yaml = llm_config(&store, upstream, protocol, "")
+            .replace("timeout: 2s }", "timeout: 300ms, on_error: fail_open }");
+        let proxy = TestProxy::spawn(&yaml).await;
+        let Store::Redis(redis) = &store else {
+            unreachable!()
+        };
+        // Reserved with Redis up; Redis stops answering while the upstream
+        // thinks; the settlement times out within the store timeout.
+        let answer = tokio::spawn(call(proxy.addr(), "/header?tokens=250&ms=800", "outage"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.pause(true);
+        let got = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("answered in time")
+            .unwrap();
+        assert_eq!(got.0, StatusCode::OK, "over {protocol}");
+        until(
+            Duration::from_secs(5),
+            "the failed settlement to be counted",
+            || async { proxy.pipeline.engine().unsettled() == 1 },
+        )
+        .await;
+        redis.pause(false);
+        // Back. The settlement was not repeated: the one sent (queued in
+        // the stopped server's socket) applied once, 250, never 400.
+        until(Duration::from_secs(10), "Redis to answer again", || async {
+            used(&proxy, "/header", "outage").await.is_some()
+        })
+        .await;
+        assert_eq!(
+            used(&proxy, "/header", "outage").await,
+            Some(250),
+            "over {protocol}"
+        );
+    }
 }
 
 #[test]

@@ -101,6 +101,10 @@ fn framings(path: &str) -> (Vec<u8>, Hangup) {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
             Hangup::No,
         ),
+        "/trailers" => (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\nTrailer: grpc-status\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\ngrpc-status: 0\r\nContent-Length: 99\r\nConnection: x-hop\r\nx-checksum: abc\r\n\r\n",
+            Hangup::No,
+        ),
         "/length" => (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", Hangup::No),
         "/until-close" => (
             b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
@@ -166,6 +170,40 @@ async fn every_response_framing_reaches_the_client_whole() {
     assert!(wire.starts_with("HTTP/1.1 200"), "{wire}");
     assert!(wire.contains("hello"), "{wire}");
     assert!(!wire.to_ascii_lowercase().contains("x-trailer"), "{wire}");
+}
+
+#[tokio::test]
+async fn chunked_trailers_reach_http2_clients_and_the_connection_is_reused() {
+    let up = Scripted::spawn(framings).await;
+    let proxy = TestProxy::spawn(&proxy_to(up.addr)).await;
+    let mut c = h2(proxy.addr()).await;
+    for _ in 0..3 {
+        let req = http::Request::get("http://a.test/trailers")
+            .header("te", "trailers")
+            .body(empty())
+            .unwrap();
+        let resp = c.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned().expect("trailers relayed");
+        assert_eq!(body.to_bytes(), "hello");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["x-checksum"], "abc");
+        // Fields that frame or route a message never travel as trailers.
+        assert!(!trailers.contains_key("content-length"), "{trailers:?}");
+        assert!(!trailers.contains_key("connection"), "{trailers:?}");
+    }
+    // Read to its end, trailers and all: one connection served all three.
+    assert_eq!(up.conns(), 1);
+    // An HTTP/1.1 client gets the body whole and no trailer (as nginx).
+    let wire = raw(
+        proxy.addr(),
+        b"GET /trailers HTTP/1.1\r\nHost: a.test\r\nTE: trailers\r\nConnection: close, TE\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(wire.starts_with("HTTP/1.1 200"), "{wire}");
+    assert!(wire.ends_with("5\r\nhello\r\n0\r\n\r\n"), "{wire}");
 }
 
 #[tokio::test]

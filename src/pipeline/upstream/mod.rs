@@ -259,7 +259,15 @@ impl Upstream {
                     if !host_set {
                         head.headers_mut().insert(HOST, target.host_value.clone());
                     }
-                    let encoded = crate::http1::encode_head(head, added, length, chunked);
+                    let encoded = if call.trailers {
+                        // (RFC 9110 §10.1.4: `TE` is named in `Connection`)
+                        let mut asked = added.to_vec();
+                        asked.push((http::header::TE, HeaderValue::from_static("trailers")));
+                        asked.push((http::header::CONNECTION, HeaderValue::from_static("te")));
+                        crate::http1::encode_head(head, &asked, length, chunked)
+                    } else {
+                        crate::http1::encode_head(head, added, length, chunked)
+                    };
                     let exchange = h1::exchange(
                         conn,
                         encoded,
@@ -514,8 +522,9 @@ impl Upstream {
 pub struct Call {
     /// The request is a gRPC call (`content-type: application/grpc...`).
     pub grpc: bool,
-    /// The client asked for trailers (`TE: trailers`, as gRPC does):
-    /// asked of an HTTP/2 upstream in turn (HTTP/1.1 ones are not asked).
+    /// The client asked for trailers (`TE: trailers`, as gRPC does), or a
+    /// cost is settled from one: asked of the upstream in turn (of an
+    /// HTTP/1.1 one with `TE: trailers` and `Connection: TE`).
     pub trailers: bool,
     /// A deadline of the call's own (gRPC's `grpc-timeout`), when shorter
     /// than the upstream's `timeout`.

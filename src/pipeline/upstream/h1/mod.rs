@@ -283,6 +283,7 @@ pub async fn exchange(
                 keep_alive,
                 pool: pool.clone(),
                 sent_at,
+                trailers: BytesMut::new(),
             })),
         ),
         lines,
@@ -379,6 +380,9 @@ pub struct Reading {
     /// When the request went out: the pool's idle clock for the
     /// connection (a little early, so on the safe side).
     sent_at: Instant,
+    /// A chunked body's trailer lines, sent on as a trailers frame (to
+    /// HTTP/2 and gRPC clients, and to settlement) at its end.
+    trailers: BytesMut,
 }
 
 /// Why an upstream body stopped early.
@@ -451,24 +455,28 @@ impl Reading {
     /// Takes what it can from the bytes read (`http1::body`).
     fn decode(&mut self) -> Result<Option<Option<Bytes>>, BodyError> {
         self.framing
-            .decode(&mut self.conn.read)
+            .decode(&mut self.conn.read, &mut self.trailers)
             .map_err(BodyError::Decode)
     }
 
     /// After the clean end: the connection goes back to the pool if it
-    /// can be used again.
-    fn finish(self) {
+    /// can be used again; the body's trailers, if it had any, are returned.
+    fn finish(self) -> Option<http::HeaderMap> {
         let Reading {
             conn,
             writer,
             keep_alive,
             pool,
             sent_at,
+            trailers,
             ..
         } = self;
         if keep_alive && writer.is_none() && conn.read.is_empty() {
             pool.put(conn, sent_at);
         }
+        (!trailers.is_empty())
+            .then(|| crate::http1::body::trailer_fields(&trailers))
+            .filter(|t| !t.is_empty())
     }
 }
 
@@ -500,10 +508,11 @@ impl Body for ResponseBody {
                     Poll::Ready(Some(Ok(Frame::data(data))))
                 }
                 Ok(None) => {
-                    if let ResponseBody::Reading(r) = std::mem::replace(this, ResponseBody::Over) {
-                        r.finish();
-                    }
-                    Poll::Ready(None)
+                    let ResponseBody::Reading(r) = std::mem::replace(this, ResponseBody::Over)
+                    else {
+                        unreachable!("matched above")
+                    };
+                    Poll::Ready(r.finish().map(|t| Ok(Frame::trailers(t))))
                 }
                 Err(e) => {
                     *this = ResponseBody::Over;
