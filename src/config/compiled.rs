@@ -173,7 +173,15 @@ pub struct ServerConfig {
     /// Across all listeners; at the cap tollgate stops accepting and lets the
     /// kernel backlog queue new connections, like nginx `worker_connections`.
     pub max_connections: usize,
+    /// Also the most requests of one HTTP/2 connection the upstreams may
+    /// be working on at once, counted until each answer's head arrives
+    /// even when the client reset its stream; new streams past it are
+    /// refused (`REFUSED_STREAM`).
     pub h2_max_concurrent_streams: u32,
+    /// Streams tollgate may reset for a client's errors over one HTTP/2
+    /// connection before it ends the connection (GOAWAY
+    /// `ENHANCE_YOUR_CALM`): hyper's default is 1,024.
+    pub h2_max_reset_streams: usize,
     /// How long in-flight requests may run after SIGTERM before being cut.
     pub shutdown_grace: Duration,
     /// A client that sends no body bytes for this long gets 408 (nginx

@@ -207,6 +207,7 @@ pub struct RawServer {
     pub max_body_size: Option<Text>,
     pub max_connections: Option<Text>,
     pub h2_max_concurrent_streams: Option<Text>,
+    pub h2_max_reset_streams: Option<Text>,
     pub shutdown_grace: Option<Text>,
     pub body_read_timeout: Option<Text>,
     pub lingering_time: Option<Text>,

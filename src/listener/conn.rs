@@ -21,7 +21,6 @@
 //! that never opens its flow-control window), like nginx `send_timeout`.
 //! Each is seen within a quarter of its value (half for `send_timeout`).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -127,19 +126,27 @@ async fn serve_with<I>(
     let live = ctx.live.clone();
     let state = info.state.clone();
     let peer = info.peer;
-    let service = service_fn(move |req| {
+    let slots = ctx.upstream_slots;
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         // Each request runs on the config current when it arrives.
         let pipeline = live.load_full();
         let info = info.clone();
         async move {
+            // Upstreams are still working on as many of this connection's
+            // requests as it may have streams (its clients reset them, or
+            // made tollgate reset them): no new one until they answer.
+            if req.version() == http::Version::HTTP_2 && info.state.upstream_held() >= slots {
+                return Err(h2::Error::from(h2::Reason::REFUSED_STREAM));
+            }
             // Built in its box, as on the HTTP/1.x fast path: hyper moves
             // this future into a task of its own per HTTP/2 stream, and the
             // pipeline's future (kilobytes) would be copied along with it.
             let handled = Box::into_pin(Box::write(Box::new_uninit(), pipeline.handle(req, &info)));
-            Ok::<_, Infallible>(handled.await)
+            Ok::<_, h2::Error>(handled.await)
         }
     });
     let io = Linger::new(io, state.clone(), ctx.lingering_time, ctx.lingering_timeout);
+    let io = super::h2frames::Counted::new(io, ctx.stats.clone());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let graceful = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);

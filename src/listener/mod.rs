@@ -6,6 +6,7 @@
 
 pub(crate) mod conn;
 pub(crate) mod h1;
+mod h2frames;
 pub(crate) mod linger;
 pub(crate) mod proxy_protocol;
 pub(crate) mod rewind;
@@ -62,6 +63,10 @@ pub struct ListenerCtx {
     head_limits: h1::HeadLimits,
     /// The configured limits those are twice of, for the 431's detail.
     header_limits: h1::HeadLimits,
+    /// The most requests of one HTTP/2 connection upstreams may be
+    /// working on (`h2_max_concurrent_streams`): past it, new streams are
+    /// refused.
+    upstream_slots: usize,
 }
 
 impl ListenerCtx {
@@ -89,6 +94,7 @@ impl ListenerCtx {
             send_timeout: s.send_timeout,
             head_limits: head_limits(s),
             header_limits: (s.max_header_bytes, s.max_headers),
+            upstream_slots: s.h2_max_concurrent_streams as usize,
         }
     }
 }
@@ -117,6 +123,7 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b.http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(s.h2_max_concurrent_streams)
+        .max_local_error_reset_streams(s.h2_max_reset_streams)
         .max_header_list_size(u32::try_from(s.max_header_bytes * 2).unwrap_or(u32::MAX));
     b
 }

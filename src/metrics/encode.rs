@@ -377,6 +377,18 @@ impl Scrape {
         )?;
         counter(
             e,
+            "tollgate_http2_resets",
+            "HTTP/2 streams reset (RST_STREAM), by listener, side that sent it (client, tollgate) and error code (cancel: a client gave up; protocol_error or stream_closed from tollgate: a client that broke the rules on a stream; refused_stream: upstreams still busy with the connection's earlier requests). Only the codes seen are listed.",
+            m.by_listener_side_code(|n| &n.h2_resets),
+        )?;
+        counter(
+            e,
+            "tollgate_http2_goaways",
+            "HTTP/2 connections ended with GOAWAY, by listener, side and error code (enhance_your_calm from tollgate: too many streams reset for the client's errors, server.h2_max_reset_streams). Only the codes seen are listed.",
+            m.by_listener_side_code(|n| &n.h2_goaways),
+        )?;
+        counter(
+            e,
             "tollgate_http2_peer_noise",
             "Protocol warnings HTTP/2 peers caused (a PING ACK nobody asked for, a frame on a closed stream): counted here, not logged per frame.",
             [(Vec::new(), listener::H2_NOISE.load(Ordering::Relaxed))],

@@ -39,6 +39,55 @@ pub struct ListenerStats {
     /// Requests refused and connections ended for breaking the protocol,
     /// by kind (`ProtocolError`): counted, logged at most once each.
     pub(super) protocol_errors: [AtomicU64; ProtocolError::ALL.len()],
+    /// HTTP/2 `RST_STREAM` and `GOAWAY` frames, by side ([`H2Side`]) and
+    /// error code ([`H2_CODES`], the last slot for any other).
+    pub(super) h2_resets: [[AtomicU64; H2_CODES.len() + 1]; 2],
+    pub(super) h2_goaways: [[AtomicU64; H2_CODES.len() + 1]; 2],
+}
+
+/// Who sent an HTTP/2 reset or GOAWAY.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum H2Side {
+    Client,
+    Tollgate,
+}
+
+impl H2Side {
+    pub const ALL: [H2Side; 2] = [H2Side::Client, H2Side::Tollgate];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            H2Side::Client => "client",
+            H2Side::Tollgate => "tollgate",
+        }
+    }
+}
+
+/// HTTP/2 error codes (RFC 9113 §7) as metric labels, by code.
+pub const H2_CODES: [&str; 14] = [
+    "no_error",
+    "protocol_error",
+    "internal_error",
+    "flow_control_error",
+    "settings_timeout",
+    "stream_closed",
+    "frame_size_error",
+    "refused_stream",
+    "cancel",
+    "compression_error",
+    "connect_error",
+    "enhance_your_calm",
+    "inadequate_security",
+    "http_1_1_required",
+];
+
+/// The label of an error code's slot (`other` past the known ones).
+pub fn h2_code_label(slot: usize) -> &'static str {
+    H2_CODES.get(slot).copied().unwrap_or("other")
+}
+
+fn code_slot(code: u32) -> usize {
+    (code as usize).min(H2_CODES.len())
 }
 
 /// Warnings the `h2` crate raised about a peer, ever: process-wide, since
@@ -155,5 +204,25 @@ impl ListenerStats {
     /// A client broke the protocol (see [`ProtocolError`]).
     pub fn protocol_error(&self, kind: ProtocolError) {
         self.protocol_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An HTTP/2 stream reset went by, sent by `side` with `code`.
+    pub fn h2_reset(&self, side: H2Side, code: u32) {
+        self.h2_resets[side as usize][code_slot(code)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An HTTP/2 GOAWAY went by.
+    pub fn h2_goaway(&self, side: H2Side, code: u32) {
+        self.h2_goaways[side as usize][code_slot(code)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Resets sent by `side` with `code`, ever.
+    pub fn h2_resets(&self, side: H2Side, code: u32) -> u64 {
+        self.h2_resets[side as usize][code_slot(code)].load(Ordering::Relaxed)
+    }
+
+    /// GOAWAYs sent by `side` with `code`, ever.
+    pub fn h2_goaways(&self, side: H2Side, code: u32) -> u64 {
+        self.h2_goaways[side as usize][code_slot(code)].load(Ordering::Relaxed)
     }
 }

@@ -18,7 +18,7 @@ mod listener;
 pub(crate) mod top;
 
 pub use histogram::{Histogram, HistogramSnapshot, CALL_BOUNDS};
-pub use listener::{h2_noise_seen, Handover, ListenerReport, ListenerStats, ProtocolError};
+pub use listener::{h2_noise_seen, H2Side, Handover, ListenerReport, ListenerStats, ProtocolError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -540,6 +540,31 @@ impl Metrics {
             for (i, kind) in kinds.iter().enumerate() {
                 let labels = vec![("listener", l.to_string()), (label, (*kind).to_owned())];
                 series.push((labels, count(n, i)));
+            }
+        }
+        series
+    }
+
+    /// Per listener, side and HTTP/2 error code, the counts of `which`
+    /// (resets or GOAWAYs) that are not zero.
+    fn by_listener_side_code(
+        &self,
+        which: impl Fn(&ListenerStats) -> &[[AtomicU64; listener::H2_CODES.len() + 1]; 2],
+    ) -> Vec<(Vec<(&'static str, String)>, u64)> {
+        let mut series = Vec::new();
+        for (l, n) in self.listeners.iter().zip(self.listener_stats.iter()) {
+            for side in listener::H2Side::ALL {
+                for (slot, count) in which(n)[side as usize].iter().enumerate() {
+                    let count = count.load(Ordering::Relaxed);
+                    if count > 0 {
+                        let labels = vec![
+                            ("listener", l.to_string()),
+                            ("side", side.label().to_owned()),
+                            ("code", listener::h2_code_label(slot).to_owned()),
+                        ];
+                        series.push((labels, count));
+                    }
+                }
             }
         }
         series

@@ -47,6 +47,11 @@ pub struct ConnState {
     /// Asked to close once what is in flight is done (shutdown, idle):
     /// how tollgate's own HTTP/1.1 server hears it (`h1`).
     closing: AtomicBool,
+    /// Requests of this connection sent upstream whose answer head has
+    /// not arrived, counted until it does (or the upstream's timeout
+    /// passes) even when the client reset the stream: the work the
+    /// connection has put on backends (see [`UpstreamSlot`]).
+    upstream_held: AtomicUsize,
     /// Its listener's connection counters.
     stats: Arc<ListenerStats>,
 }
@@ -65,8 +70,26 @@ impl ConnState {
             responding: AtomicUsize::new(0),
             frames_sent: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            upstream_held: AtomicUsize::new(0),
             stats,
         }
+    }
+
+    /// Counts one request going upstream until the slot is dropped.
+    pub fn hold_upstream_slot(self: &Arc<Self>) -> UpstreamSlot {
+        self.upstream_held.fetch_add(1, Ordering::Relaxed);
+        UpstreamSlot(self.clone())
+    }
+
+    /// Requests of this connection the upstream is still working on
+    /// (see `upstream_held`).
+    pub fn upstream_held(&self) -> usize {
+        self.upstream_held.load(Ordering::Relaxed)
+    }
+
+    /// Its listener's connection counters.
+    pub fn stats(&self) -> &ListenerStats {
+        &self.stats
     }
 
     pub fn request_started(&self, h2: bool) {
@@ -173,6 +196,20 @@ impl ConnState {
             && !self.h2.load(Ordering::Relaxed)
             && self.reading.load(Ordering::Relaxed)
             && !self.busy()
+    }
+}
+
+/// One request of an HTTP/2 connection on its way to the upstream, from
+/// its send until the upstream's answer head (or its timeout): a client
+/// that resets its streams (or makes tollgate reset them, the
+/// "MadeYouReset" pattern) frees its stream slots at once, while the
+/// backend goes on working on what it was sent; these slots are what
+/// bounds that work to the connection's stream limit.
+pub struct UpstreamSlot(Arc<ConnState>);
+
+impl Drop for UpstreamSlot {
+    fn drop(&mut self) {
+        self.0.upstream_held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -168,7 +168,14 @@ pub async fn forward(
 
     let mut target = None;
     let sent = upstream
-        .send(req, body, host_set, (&added, call), &mut target)
+        .send(
+            req,
+            body,
+            host_set,
+            (&added, call),
+            &mut target,
+            conn.state.is_h2().then_some(&conn.state),
+        )
         .await;
     cx.end.set_target(target);
     // The upstream's fields come stripped of hop-by-hop ones already.

@@ -4,6 +4,8 @@
 //! (GOAWAY, a refused stream, or the connection closed) within its stated
 //! bound, and other clients are served all along.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
@@ -425,4 +427,202 @@ async fn a_stream_reset_mid_body_is_logged_as_499() {
         .unwrap();
     let events = tg.access_events(1).await;
     assert_eq!(events[0]["status"], 499, "{}", events[0]);
+}
+
+/// A backend that finishes every request it started, whatever its client
+/// does (the work runs in a task of its own, as most backends' does), each
+/// taking `work`; it counts what it started and the most it ever worked on
+/// at once.
+struct Working {
+    addr: std::net::SocketAddr,
+    started: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Working {
+    async fn spawn(work: Duration) -> Working {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let started = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let active = Arc::new(AtomicUsize::new(0));
+        let (s, m) = (started.clone(), most.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (s, m, a) = (s.clone(), m.clone(), active.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| {
+                        let (s, m, a) = (s.clone(), m.clone(), a.clone());
+                        async move {
+                            s.fetch_add(1, Ordering::SeqCst);
+                            let now = a.fetch_add(1, Ordering::SeqCst) + 1;
+                            m.fetch_max(now, Ordering::SeqCst);
+                            let job = tokio::spawn(async move {
+                                tokio::time::sleep(work).await;
+                                a.fetch_sub(1, Ordering::SeqCst);
+                            });
+                            let _ = job.await;
+                            Ok::<_, std::convert::Infallible>(http::Response::new(full("done")))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+                });
+            }
+        });
+        Working {
+            addr,
+            started,
+            most,
+        }
+    }
+}
+
+/// What one MadeYouReset connection did to the backend.
+struct Attack {
+    seen: Seen,
+    opened: usize,
+    /// Requests the polite client had answered meanwhile.
+    served: usize,
+    metrics: String,
+}
+
+/// MadeYouReset (CVE-2025-8671) on one h2c connection to tollgate
+/// (`server` its settings) in front of `backend`: rounds of `per_round`
+/// complete GETs, then on each stream a second HEADERS block, which
+/// tollgate must answer with RST_STREAM, for at most 6 s or until the
+/// connection is gone; a polite client on another connection all along.
+async fn made_you_reset(backend: &Working, server: &str, per_round: u32) -> Attack {
+    let tg = crate::common::process::Running::start(&format!(
+        "server: {{ {server} }}
+upstreams:\n  api: {{ targets: ['{}'], timeout: 5s }}
+routes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
+        backend.addr
+    ));
+    let addr = tg.addr;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let polite = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut c = h2(addr).await;
+            let mut served = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let req = http::Request::get("http://a.test/polite")
+                    .body(empty())
+                    .unwrap();
+                let resp = tokio::time::timeout(Duration::from_secs(5), c.send_request(req))
+                    .await
+                    .expect("the polite client is answered in time")
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                served += 1;
+            }
+            served
+        })
+    };
+    let (r, mut w) = h2_raw(tg.addr).await.into_split();
+    let reader = tokio::spawn(read_frames(r, Duration::from_secs(8)));
+    w.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+    let mut id = 1u32;
+    let mut opened = 0;
+    let until_at = tokio::time::Instant::now() + Duration::from_secs(6);
+    while tokio::time::Instant::now() < until_at {
+        let first = id;
+        let mut round = Vec::new();
+        for _ in 0..per_round {
+            let block = get_block("/work");
+            round.extend(frame(HEADERS, END_STREAM | END_HEADERS, id, &block));
+            id += 2;
+        }
+        let mut again = Vec::new();
+        for s in (first..id).step_by(2) {
+            again.extend(frame(HEADERS, END_HEADERS, s, &get_block("/again")));
+        }
+        if w.write_all(&round).await.is_err() {
+            break;
+        }
+        opened += per_round as usize;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if w.write_all(&again).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = reader.await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let served = polite.await.unwrap();
+    Attack {
+        seen,
+        opened,
+        served,
+        metrics: tg.metrics().await,
+    }
+}
+
+fn series(metrics: &str, side: &str, code: &str, what: &str) -> f64 {
+    let name =
+        format!(r#"tollgate_http2_{what}_total{{listener="plain",side="{side}",code="{code}"}}"#);
+    value(metrics, &name).unwrap_or(0.0)
+}
+
+/// MadeYouReset: each reset frees the client's stream slot but not the
+/// backend, which goes on working; the connection's upstream slots stay
+/// held until the backend answers, so new streams are refused meanwhile
+/// and the backend never works on more of the connection's requests than
+/// its stream limit. (Before: 1,100 requests in 2.3 s from one connection
+/// whose limit was 128.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_you_reset_never_puts_more_work_on_the_backend_than_the_stream_limit() {
+    let backend = Working::spawn(Duration::from_millis(400)).await;
+    let got = made_you_reset(&backend, "h2_max_concurrent_streams: 16", 16).await;
+    let most = backend.most.load(Ordering::SeqCst);
+    let started = backend.started.load(Ordering::SeqCst);
+    // (the polite client's one request at a time may add one)
+    assert!(
+        most <= 16 + 1,
+        "the backend worked on {most} at once ({started} started of {} streams)",
+        got.opened
+    );
+    assert!(
+        got.seen.refused > 0,
+        "new streams were refused: {:?}",
+        got.seen
+    );
+    assert!(got.seen.goaway && got.seen.closed, "{:?}", got.seen);
+    assert!(got.served > 0, "the polite client was served");
+    // Counted by side and code.
+    let m = &got.metrics;
+    assert!(
+        series(m, "tollgate", "refused_stream", "resets") > 0.0,
+        "{m}"
+    );
+    let broke = series(m, "tollgate", "protocol_error", "resets")
+        + series(m, "tollgate", "stream_closed", "resets");
+    assert!(broke >= 16.0, "{m}");
+}
+
+/// Streams tollgate resets for a client's errors end the connection at
+/// `h2_max_reset_streams` (GOAWAY ENHANCE_YOUR_CALM), well before hyper's
+/// default of 1,024; the backend's work stays within the stream limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reset_cap_ends_the_connection_with_enhance_your_calm() {
+    let backend = Working::spawn(Duration::from_millis(400)).await;
+    let server = "h2_max_concurrent_streams: 100, h2_max_reset_streams: 40";
+    let got = made_you_reset(&backend, server, 10).await;
+    let most = backend.most.load(Ordering::SeqCst);
+    assert!(most <= 100 + 1, "{most}");
+    assert!(got.seen.goaway && got.seen.closed, "{:?}", got.seen);
+    assert!(got.opened <= 200, "ended after {} streams", got.opened);
+    let m = &got.metrics;
+    assert_eq!(
+        series(m, "tollgate", "enhance_your_calm", "goaways"),
+        1.0,
+        "{m}"
+    );
+    let broke = series(m, "tollgate", "protocol_error", "resets")
+        + series(m, "tollgate", "stream_closed", "resets");
+    assert_eq!(broke, 40.0, "{m}");
 }

@@ -14,6 +14,7 @@
 
 pub(crate) mod h1;
 pub(crate) mod h2;
+mod held;
 mod io;
 pub(crate) mod pool;
 
@@ -32,6 +33,7 @@ use self::h1::{Conn, Io, SendError};
 use self::h2::{H2Pool, SendFailure};
 use self::pool::Pool;
 use super::body::{HeadLines, RequestBody, RequestBodyError};
+use super::conn::ConnState;
 use crate::clock::Clock;
 use crate::config::{HostHeader, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
@@ -175,7 +177,9 @@ impl Upstream {
     }
 
     /// Sends the request `head` with `body` and waits for the response
-    /// head. `chosen` records the target used, for the access log, even
+    /// head. With `held` (an HTTP/2 client's connection), each attempt
+    /// holds one of its upstream slots until the upstream answers, even if
+    /// the client stops waiting (`held`). `chosen` records the target used, for the access log, even
     /// when sending fails. A request without `Host` (`host_set` false: the
     /// caller knows, no lookup) gets the `host:port` of the target it is
     /// sent to, on every attempt (`host_header: target`). The head is
@@ -189,6 +193,7 @@ impl Upstream {
         host_set: bool,
         (added, call): (&[(HeaderName, HeaderValue)], Call),
         chosen: &mut Option<Arc<str>>,
+        held: Option<&Arc<ConnState>>,
     ) -> Result<Answer, ProxyError> {
         let bodiless = http_body::Body::is_end_stream(&body);
         let replayable = is_idempotent(head.method()) && bodiless;
@@ -223,7 +228,7 @@ impl Upstream {
                 }
                 *chosen = Some(target.authority.clone());
                 if self.speaks_h2(target) {
-                    let sent = self.send_h2(target, head, &mut body, (added, call), sending);
+                    let sent = self.send_h2(target, head, &mut body, (added, call), sending, held);
                     match sent.await {
                         H2Sent::Done(answer) => return answer,
                         H2Sent::Down(e) => {
@@ -273,11 +278,11 @@ impl Upstream {
                         encoded,
                         body.take(),
                         chunked,
-                        head.method(),
-                        (&target.pool, sending),
+                        head.method().clone(),
+                        (target.pool.clone(), sending),
                         call.head_timeout(self.timeout),
                     );
-                    match exchange.await {
+                    match held::run(exchange, held.map(|c| c.hold_upstream_slot())).await {
                         Err(SendError::Timeout) => return Err(self.timed_out(target, call)),
                         Ok(answer) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
@@ -344,6 +349,7 @@ impl Upstream {
         body: &mut Option<RequestBody>,
         (added, call): (&[(HeaderName, HeaderValue)], Call),
         sending: Instant,
+        held: Option<&Arc<ConnState>>,
     ) -> H2Sent {
         let Some(pool) = target.h2.as_ref() else {
             return H2Sent::Http1;
@@ -409,7 +415,8 @@ impl Upstream {
                     }
                 }
             };
-            let failure = match h2::send(conn, req, until).await {
+            let sent = h2::send(conn, req, until);
+            let failure = match held::run(sent, held.map(|c| c.hold_upstream_slot())).await {
                 Ok(response) => {
                     target.stats[OK].fetch_add(1, Ordering::Relaxed);
                     self.duration.observe(self.clock.now() - sending);

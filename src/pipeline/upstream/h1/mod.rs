@@ -169,8 +169,8 @@ pub async fn exchange(
     head: Bytes,
     body: Option<RequestBody>,
     chunked: bool,
-    method: &Method,
-    (pool, sent_at): (&Arc<Pool>, Instant),
+    method: Method,
+    (pool, sent_at): (Arc<Pool>, Instant),
     timeout: Duration,
 ) -> Result<Answer, SendError> {
     // The whole exchange, up to the response head, has `timeout`.
@@ -206,7 +206,7 @@ pub async fn exchange(
                 Poll::Pending => {}
             }
         }
-        match parse_head(&mut conn.read, method) {
+        match parse_head(&mut conn.read, &method) {
             Err(why) => return Poll::Ready(Err(SendError::Protocol(why))),
             Ok(Some(head)) => return Poll::Ready(Ok(head)),
             Ok(None) => {}
@@ -281,7 +281,7 @@ pub async fn exchange(
                 writer,
                 framing,
                 keep_alive,
-                pool: pool.clone(),
+                pool,
                 sent_at,
                 trailers: BytesMut::new(),
             })),
