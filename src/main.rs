@@ -143,6 +143,12 @@ enum Command {
         /// status, the limit that refused it (or -).
         #[arg(long)]
         decisions: Option<PathBuf>,
+        /// How far a log's line order may stray from the requests' arrival
+        /// (a log is written as requests end): lines are put back in
+        /// arrival order within it. Default: the longest request in the
+        /// logs (tollgate's `duration_ms`; 0 for nginx's combined).
+        #[arg(long, value_parser = tollgate::replay::parse_window)]
+        window: Option<std::time::Duration>,
         /// Access logs, merged in time order.
         #[arg(required = true)]
         logs: Vec<PathBuf>,
@@ -175,12 +181,14 @@ fn main() -> ExitCode {
             format,
             host,
             decisions,
+            window,
             logs,
         } => {
             let options = tollgate::replay::Options {
                 logs,
                 host,
                 decisions,
+                window,
             };
             replay(&config, against.as_deref(), format, &options)
         }

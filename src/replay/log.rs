@@ -21,6 +21,9 @@ use time::OffsetDateTime;
 pub struct Line {
     /// When it arrived, in milliseconds since the Unix epoch.
     pub at_ms: i64,
+    /// When it ended (and was logged): the order of the file. combined:
+    /// the same as `at_ms` (it holds no duration).
+    pub ended_ms: i64,
     pub client: IpAddr,
     pub method: Method,
     /// The request target as logged (tollgate logs the path only).
@@ -29,6 +32,22 @@ pub struct Line {
     /// tollgate's log: whether a limit refused it (`rate_limit` said
     /// `rejected:<limit>`). combined: `None`, the status says.
     pub refused: Option<bool>,
+}
+
+/// The longest `duration_ms` on a line of tollgate's JSON log (found
+/// without parsing the line whole); `None` on any other line.
+pub fn duration_ms(line: &[u8]) -> Option<f64> {
+    const KEY: &[u8] = b"\"duration_ms\":";
+    if line.first() != Some(&b'{') {
+        return None;
+    }
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let rest = &line[at..];
+    let end = rest
+        .iter()
+        .position(|b| !(b.is_ascii_digit() || *b == b'.' || *b == b' '))
+        .unwrap_or(rest.len());
+    std::str::from_utf8(&rest[..end]).ok()?.trim().parse().ok()
 }
 
 /// Why a line was not read as a request.
@@ -86,8 +105,10 @@ fn combined(line: &str) -> Result<Line, LineError> {
         .next()
         .and_then(|s| s.parse().ok())
         .ok_or(LineError::Status)?;
+    let at_ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
     Ok(Line {
-        at_ms: (at.unix_timestamp_nanos() / 1_000_000) as i64,
+        at_ms,
+        ended_ms: at_ms,
         client,
         method,
         target: target.to_owned(),
@@ -134,6 +155,7 @@ fn json(line: &str) -> Result<Option<Line>, LineError> {
     let refused = f["rate_limit"].as_str().map(|r| r.starts_with("rejected:"));
     Ok(Some(Line {
         at_ms: ended_ms - took.round() as i64,
+        ended_ms,
         client,
         method,
         target: target.to_owned(),
@@ -176,7 +198,11 @@ mod tests {
         let flat = r#"{"timestamp":"2026-12-04T09:01:02.500Z","level":"INFO","message":"request","listener":"public","client":"127.0.0.2","method":"GET","path":"/","status":200,"rate_limit":"-","duration_ms":500.0,"target":"tollgate::access"}"#;
         let l = parse(flat).unwrap().unwrap();
         assert_eq!((l.at_ms, l.refused), (1_796_374_862_000, Some(false)));
+        assert_eq!(l.ended_ms, 1_796_374_862_500);
+        assert_eq!(duration_ms(flat.as_bytes()), Some(500.0));
+        assert_eq!(duration_ms(line.as_bytes()), Some(0.4));
         let other = r#"{"timestamp":"2026-12-04T09:01:02Z","level":"INFO","fields":{"message":"listening"},"target":"tollgate"}"#;
+        assert_eq!(duration_ms(other.as_bytes()), None);
         assert_eq!(parse(other), Ok(None));
         assert_eq!(parse(""), Ok(None));
     }

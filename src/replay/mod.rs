@@ -1,7 +1,8 @@
 //! `tollgate replay`: what a config would have done to the traffic of
 //! access logs, decided by the running code itself.
 //!
-//! The logs' requests run in time order through a [`Pipeline`] built from
+//! The logs' requests run in arrival order (a log is written as requests
+//! end: see `Merged`) through a [`Pipeline`] built from
 //! the config on the memory store and a [`FrozenClock`] moved to each
 //! request's time: the same stages, the same limits, the same keys as in
 //! production, with nothing sent anywhere (a request that would have been
@@ -12,9 +13,10 @@
 //! - `report`: per route and per limit, and how the replay's refusals
 //!   compare with the log's.
 //!
-//! Memory stays bounded whatever the logs' length: one pending line per
-//! log, the memory store's zones at their configured sizes, a fixed
-//! number of keys per limit for the most refused.
+//! Memory stays bounded whatever the logs' length: the lines within the
+//! reorder window per log (at most `MAX_HELD`), the memory store's zones
+//! at their configured sizes, a fixed number of keys per limit for the
+//! most refused.
 
 mod log;
 mod report;
@@ -48,6 +50,16 @@ pub struct Options {
     /// Where to write one line per request replayed: its place in the
     /// log, the logged status, the replayed one, the limit that refused.
     pub decisions: Option<PathBuf>,
+    /// How far apart a log's order and the requests' arrival may be: a
+    /// request is replayed once no line after it in its log can have
+    /// arrived earlier. `None`: the longest request in the logs
+    /// (`duration_ms`; nginx's `combined` holds none, so 0).
+    pub window: Option<Duration>,
+}
+
+/// `--window`: a duration as the config writes them ("900ms", "2s").
+pub fn parse_window(text: &str) -> Result<Duration, String> {
+    crate::config::units::parse_duration(text)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +88,7 @@ pub fn replay(
         .build()
         .map_err(|e| ReplayError::Start(e.to_string()))?;
     runtime.block_on(async {
-        let mut logs = Merged::open(&options.logs)?;
+        let mut logs = Merged::open(&options.logs, options.window)?;
         let clock = match logs.first_ms() {
             Some(ms) => FrozenClock::at_unix_ms(u64::try_from(ms).unwrap_or(0)),
             None => FrozenClock::new(),
@@ -93,6 +105,7 @@ pub fn replay(
         let pipeline = Pipeline::new(&mut config, engine);
         let state = Arc::new(ConnState::new(pipeline.metrics().listener_stats(0)));
         let mut report = Report::new(config_name, options, &pipeline, unknown, refusals);
+        report.set_window(logs.window_ms());
         let mut decisions = match &options.decisions {
             Some(path) => {
                 Some(BufWriter::new(File::create(path).map_err(|e| {
@@ -274,31 +287,92 @@ enum Item {
     Malformed(usize, u64, log::LineError),
 }
 
-/// The logs read together in time order: each is read a line at a time,
-/// its next request held until it is the earliest of all.
+/// The most requests of one log held back to be put in arrival order;
+/// past it the earliest goes (and is counted out of order if it was).
+const MAX_HELD: usize = 200_000;
+
+/// One log being read: lines come in the order requests ended, and are
+/// held until no later line can have arrived before them.
+struct Reader {
+    file: BufReader<File>,
+    /// Lines read so far.
+    number: u64,
+    name: String,
+    /// Requests read and not yet replayed, earliest arrival on top (ties
+    /// in the log's order).
+    held: BinaryHeap<std::cmp::Reverse<Held>>,
+    /// The latest end of a request read so far: a later line ended no
+    /// earlier, so it arrived no earlier than this less the window.
+    last_end: i64,
+    eof: bool,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Held {
+    at_ms: i64,
+    number: u64,
+    line: HeldLine,
+}
+
+/// A line, ordered by nothing of its own (its place is `Held`'s).
+struct HeldLine(log::Line);
+
+impl PartialEq for HeldLine {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for HeldLine {}
+impl PartialOrd for HeldLine {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for HeldLine {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// The logs read together in arrival order. A log is written as requests
+/// end, so a request held long is logged after ones that arrived later:
+/// each log's lines are held back until nothing later in it can have
+/// arrived before them (within `window`, the longest a request took),
+/// and the logs' earliest held requests are merged.
 struct Merged {
-    readers: Vec<(BufReader<File>, u64, String)>,
-    /// (time, log, line number) of each log's next request, earliest on top.
+    readers: Vec<Reader>,
+    /// How far before the latest end a later line may have arrived.
+    window: i64,
+    /// (arrival, log, line number) of each log's next request, earliest
+    /// on top.
     heap: BinaryHeap<std::cmp::Reverse<(i64, usize, u64)>>,
-    next: Vec<Option<log::Line>>,
     problems: std::collections::VecDeque<Item>,
     buf: Vec<u8>,
 }
 
 impl Merged {
-    fn open(paths: &[PathBuf]) -> Result<Merged, ReplayError> {
+    /// `window`: given, or else the longest `duration_ms` in the logs
+    /// (read once through first; combined logs hold none: 0).
+    fn open(paths: &[PathBuf], window: Option<Duration>) -> Result<Merged, ReplayError> {
+        let window = match window {
+            Some(w) => w.as_millis() as i64,
+            None => longest_duration(paths)?,
+        };
         let mut readers = Vec::new();
         for path in paths {
             let file = File::open(path).map_err(|e| read_error(path, e))?;
-            readers.push((
-                BufReader::with_capacity(256 << 10, file),
-                0,
-                path.display().to_string(),
-            ));
+            readers.push(Reader {
+                file: BufReader::with_capacity(256 << 10, file),
+                number: 0,
+                name: path.display().to_string(),
+                held: BinaryHeap::new(),
+                last_end: i64::MIN,
+                eof: false,
+            });
         }
         let mut merged = Merged {
-            next: vec![None; readers.len()],
             readers,
+            window,
             heap: BinaryHeap::new(),
             problems: Default::default(),
             buf: Vec::new(),
@@ -309,18 +383,37 @@ impl Merged {
         Ok(merged)
     }
 
-    /// Reads log `i` up to its next request (noting malformed lines).
+    /// The window lines are put in order within (ms).
+    fn window_ms(&self) -> i64 {
+        self.window
+    }
+
+    /// Reads log `i` until its earliest held request can go (nothing
+    /// later in the log can have arrived before it), noting malformed
+    /// lines; then offers it to the merge.
     fn fill(&mut self, i: usize) -> Result<(), ReplayError> {
-        let (reader, number, name) = &mut self.readers[i];
+        let r = &mut self.readers[i];
         loop {
-            self.buf.clear();
-            let n = reader
-                .read_until(b'\n', &mut self.buf)
-                .map_err(|e| ReplayError::Read(name.clone(), e))?;
-            if n == 0 {
+            if let Some(std::cmp::Reverse(top)) = r.held.peek() {
+                let safe = r.last_end.saturating_sub(self.window);
+                if r.eof || top.at_ms <= safe || r.held.len() >= MAX_HELD {
+                    self.heap
+                        .push(std::cmp::Reverse((top.at_ms, i, top.number)));
+                    return Ok(());
+                }
+            } else if r.eof {
                 return Ok(());
             }
-            *number += 1;
+            self.buf.clear();
+            let n = r
+                .file
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|e| ReplayError::Read(r.name.clone(), e))?;
+            if n == 0 {
+                r.eof = true;
+                continue;
+            }
+            r.number += 1;
             let parsed = match std::str::from_utf8(&self.buf) {
                 Ok(text) => log::parse(text),
                 Err(_) => Err(log::LineError::Format),
@@ -328,11 +421,14 @@ impl Merged {
             match parsed {
                 Ok(None) => {}
                 Ok(Some(line)) => {
-                    self.heap.push(std::cmp::Reverse((line.at_ms, i, *number)));
-                    self.next[i] = Some(line);
-                    return Ok(());
+                    r.last_end = r.last_end.max(line.ended_ms);
+                    r.held.push(std::cmp::Reverse(Held {
+                        at_ms: line.at_ms,
+                        number: r.number,
+                        line: HeldLine(line),
+                    }));
                 }
-                Err(why) => self.problems.push_back(Item::Malformed(i, *number, why)),
+                Err(why) => self.problems.push_back(Item::Malformed(i, r.number, why)),
             }
         }
     }
@@ -347,12 +443,36 @@ impl Merged {
             return Some(Ok(problem));
         }
         let std::cmp::Reverse((_, i, number)) = self.heap.pop()?;
-        let line = self.next[i].take()?;
+        let std::cmp::Reverse(held) = self.readers[i].held.pop()?;
+        debug_assert_eq!(held.number, number);
         if let Err(e) = self.fill(i) {
             return Some(Err(e));
         }
-        Some(Ok(Item::Line(i, number, line)))
+        Some(Ok(Item::Line(i, number, held.line.0)))
     }
+}
+
+/// The longest request in `paths` (ms), read off tollgate's JSON lines.
+fn longest_duration(paths: &[PathBuf]) -> Result<i64, ReplayError> {
+    let mut longest = 0f64;
+    let mut buf = Vec::new();
+    for path in paths {
+        let file = File::open(path).map_err(|e| read_error(path, e))?;
+        let mut file = BufReader::with_capacity(256 << 10, file);
+        loop {
+            buf.clear();
+            let n = file
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| read_error(path, e))?;
+            if n == 0 {
+                break;
+            }
+            if let Some(d) = log::duration_ms(&buf) {
+                longest = longest.max(d);
+            }
+        }
+    }
+    Ok(longest.ceil() as i64)
 }
 
 fn read_error(path: &Path, e: io::Error) -> ReplayError {

@@ -33,8 +33,11 @@ pub struct Report {
     pub malformed: u64,
     /// The first malformed lines: `file:line: why`.
     pub malformed_lines: Vec<String>,
-    /// Requests logged earlier than one before them (replayed at the
-    /// later time: the clock never goes back).
+    /// The window a log's lines were put back in arrival order within
+    /// (ms): the longest request in the logs, or `--window`.
+    pub reorder_window_ms: i64,
+    /// Requests that arrived earlier than one replayed before them even so
+    /// (replayed at the later time: the clock never goes back).
     pub out_of_order: u64,
     /// What the config decides by that the logs do not hold.
     pub unknown: Vec<String>,
@@ -160,6 +163,7 @@ impl Report {
             to: None,
             malformed: 0,
             malformed_lines: Vec::new(),
+            reorder_window_ms: 0,
             out_of_order: 0,
             unknown,
             agreement: Agreement::default(),
@@ -177,6 +181,10 @@ impl Report {
             self.malformed_lines
                 .push(format!("{}:{number}: {why}", log.display()));
         }
+    }
+
+    pub(super) fn set_window(&mut self, ms: i64) {
+        self.reorder_window_ms = ms;
     }
 
     pub(super) fn out_of_order(&mut self) {
@@ -281,8 +289,8 @@ impl Report {
         if self.out_of_order > 0 {
             let _ = writeln!(
                 t,
-                "{} requests logged out of time order (replayed at the time before them)",
-                self.out_of_order
+                "{} requests arrived before one replayed ahead of them, past the {} ms window the logs were put in arrival order within (replayed at the time before them; --window widens it)",
+                self.out_of_order, self.reorder_window_ms
             );
         }
         if !self.unknown.is_empty() {

@@ -113,6 +113,83 @@ routes:
     assert_eq!(report["agreement"]["differ"], 0, "{report}");
 }
 
+/// A request held 900 ms is logged after one that arrived later (the log
+/// is written as requests end). Replayed in the log's order, the two
+/// decisions swap; put back in arrival order within the longest request,
+/// none differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_log_with_slow_requests_replays_in_arrival_order() {
+    let up = Upstream::spawn().await;
+    let proxy = Running::start_logging(
+        &format!(
+            "upstreams:
+  api: {{ targets: ['{}'] }}
+routes:
+  - name: api
+    match: {{ path_prefix: / }}
+    upstream: api
+    limits:
+      - {{ name: one, algorithm: sliding_log, limit: 1, window: 1h, key: ip }}
+",
+            up.addr
+        ),
+        true,
+    );
+    let addr = proxy.addr;
+    // 127.0.0.2: a slow request, then 200 ms later a fast one (refused);
+    // the slow one ends last. 127.0.0.3: the same, twice over.
+    let mut runs = Vec::new();
+    for from in ["127.0.0.2", "127.0.0.3"] {
+        runs.push(tokio::spawn(async move {
+            let slow = tokio::spawn(get_from(from, addr, "/slow?ms=900", &[]));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let fast = get_from(from, addr, "/fast", &[]).await.status;
+            let again = get_from(from, addr, "/fast", &[]).await.status;
+            (slow.await.unwrap().status, fast, again)
+        }));
+    }
+    for run in runs {
+        let (slow, fast, again) = run.await.unwrap();
+        assert_eq!(
+            (slow.as_u16(), fast.as_u16(), again.as_u16()),
+            (200, 429, 429)
+        );
+    }
+    let events = proxy.access_events(6).await;
+    // The log's order is not the arrival order.
+    assert_eq!(events[0]["path"], "/fast", "{events:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let lines: Vec<String> = proxy.logs.lock().unwrap().clone();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let config = proxy.config_path();
+    let run = |window: Option<&str>| {
+        let mut args = vec!["--config", config.to_str().unwrap(), "--format", "json"];
+        if let Some(w) = window {
+            args.extend(["--window", w]);
+        }
+        args.push(log.to_str().unwrap());
+        let done = replay(&args);
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&done.stdout).unwrap()
+    };
+    let report = run(None);
+    assert!(
+        report["reorder_window_ms"].as_i64().unwrap() >= 900,
+        "{report}"
+    );
+    assert_eq!(report["out_of_order"], 0, "{report}");
+    assert_eq!(report["agreement"]["differ"], 0, "{report}");
+    // In the log's own order (no window), the swaps come back, counted.
+    let report = run(Some("0ms"));
+    assert_eq!(report["out_of_order"], 2, "{report}");
+    assert_eq!(report["agreement"]["differ"], 4, "{report}");
+}
+
 #[test]
 fn malformed_lines_are_reported_by_number_and_two_configs_compare() {
     let dir = tempfile::tempdir().unwrap();
