@@ -28,6 +28,7 @@ use super::record::RequestEnd;
 use super::response::grpc;
 use super::upstream::h1::{BodyError, ResponseBody};
 use super::upstream::h2::Stream;
+use crate::error::ProxyError;
 use crate::http1::pump::PumpedBody;
 
 mod stream;
@@ -147,6 +148,57 @@ impl fmt::Display for RequestBodyError {
     }
 }
 
+impl RequestBodyError {
+    /// The failure as the client's error (what its answer says).
+    pub fn as_client_error(&self) -> ProxyError {
+        match self {
+            RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit: *limit },
+            RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
+            // A body hyper could not parse is the client's fault (400); any
+            // other failure is the client going away: it closed the
+            // connection or reset its HTTP/2 stream (nginx's 499).
+            RequestBodyError::Client(e) if malformed(&**e) => {
+                ProxyError::BadRequest("the client's request body is malformed")
+            }
+            RequestBodyError::Client(_) => ProxyError::ClientClosed,
+        }
+    }
+}
+
+/// Whether a client body failed on its framing (hyper's decoder reports a
+/// bad chunk as invalid data or input), not on the client going away.
+fn malformed(e: &(dyn StdError + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+            );
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Why a body failed, kept for a sender that reports only its own
+/// failure (hyper's HTTP/2 client resets the stream and says that).
+#[derive(Debug, Default)]
+pub struct FailureNote(std::sync::Mutex<Option<ProxyError>>);
+
+impl FailureNote {
+    /// The failure, if the body failed (taken).
+    pub fn take(&self) -> Option<ProxyError> {
+        self.0.lock().ok()?.take()
+    }
+
+    fn set(&self, e: &RequestBodyError) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(e.as_client_error());
+        }
+    }
+}
+
 impl StdError for RequestBodyError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
@@ -168,9 +220,17 @@ pub struct RequestBody {
     limit: u64,
     /// Longest silence between body bytes (nginx `client_body_timeout`).
     stall: Stall,
+    /// Where its failure is noted, when the sender asked (`note_failure`).
+    note: Option<std::sync::Arc<FailureNote>>,
 }
 
 impl RequestBody {
+    /// From now on a failure of this body is also noted where the
+    /// returned note can read it.
+    pub fn note_failure(&mut self) -> std::sync::Arc<FailureNote> {
+        self.note.get_or_insert_with(Default::default).clone()
+    }
+
     pub fn new(inner: ClientBody, limit: u64, read_timeout: Duration) -> Self {
         RequestBody {
             inner: Some(inner),
@@ -178,6 +238,7 @@ impl RequestBody {
             remaining: limit,
             limit,
             stall: Stall::new(read_timeout),
+            note: None,
         }
     }
 
@@ -188,6 +249,7 @@ impl RequestBody {
             remaining: 0,
             limit: 0,
             stall: Stall::new(Duration::ZERO),
+            note: None,
         }
     }
 
@@ -199,6 +261,7 @@ impl RequestBody {
             remaining: 0,
             limit: 0,
             stall: Stall::new(Duration::ZERO),
+            note: None,
         }
     }
 }
@@ -211,6 +274,31 @@ impl Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = self.as_mut().poll_body(cx);
+        if let (Poll::Ready(Some(Err(e))), Some(note)) = (&polled, &self.note) {
+            note.set(e);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.buffered, &self.inner) {
+            (Some(data), _) => SizeHint::with_exact(data.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl RequestBody {
+    fn poll_body(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
         let this = &mut *self;
         if let Some(data) = this.buffered.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -243,18 +331,6 @@ impl Body for RequestBody {
             }
             Some(Err(e)) => Poll::Ready(Some(Err(RequestBodyError::Client(e)))),
             None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match (&self.buffered, &self.inner) {
-            (Some(data), _) => SizeHint::with_exact(data.len() as u64),
-            (None, Some(inner)) => inner.size_hint(),
-            (None, None) => SizeHint::with_exact(0),
         }
     }
 }

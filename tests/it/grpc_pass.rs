@@ -737,3 +737,38 @@ async fn a_slow_reader_holds_an_h2_upstream_back() {
     .expect("the whole body");
     assert_eq!(body.to_bytes().len(), TOTAL);
 }
+
+/// A message past the route's `max_body_size`, sent without a
+/// `content-length` (as gRPC clients stream it) to an HTTP/2 upstream,
+/// is RESOURCE_EXHAUSTED, as the same call with a length is.
+#[tokio::test]
+async fn a_message_over_the_body_limit_without_a_length_is_resource_exhausted() {
+    let up = grpc_upstream().await;
+    let proxy = TestProxy::spawn(&format!(
+        "listeners:\n  - {{ name: plain, bind: '127.0.0.1:0' }}
+upstreams:
+  grpc: {{ targets: ['{}'], protocol: h2, timeout: 5s }}
+routes:
+  - name: svc
+    match: {{ grpc: test.Svc }}
+    upstream: grpc
+    max_body_size: 1KB
+",
+        up.addr
+    ))
+    .await;
+    let mut grpc = client(&proxy).await;
+    grpc.ready().await.unwrap();
+    let big = grpc
+        .unary(
+            tonic::Request::new(msg(&"x".repeat(64 << 10), 0)),
+            method("/test.Svc/Say"),
+            Codec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(big.code(), Code::ResourceExhausted, "{big:?}");
+    assert!(big.message().contains("body"), "{big:?}");
+    // A small one still passes, on the same channel.
+    say(&mut grpc).await.expect("a small call passes");
+}

@@ -358,6 +358,7 @@ impl Upstream {
         let mut taken = pool.take(sending);
         let mut retried = false;
         let mut unsent = None;
+        let mut body_failed = None;
         loop {
             let mut opening = None;
             if taken.is_none() {
@@ -400,7 +401,12 @@ impl Upstream {
             let req = match unsent.take() {
                 Some(req) => req,
                 None => {
-                    let body = body.take().unwrap_or_else(RequestBody::empty);
+                    let mut body = body.take().unwrap_or_else(RequestBody::empty);
+                    // hyper's HTTP/2 client answers a body that failed
+                    // with the stream's reset only: the note keeps why.
+                    if !http_body::Body::is_end_stream(&body) {
+                        body_failed = Some(body.note_failure());
+                    }
                     let built = h2::request(
                         head,
                         added,
@@ -437,6 +443,9 @@ impl Upstream {
             let cause = std::error::Error::source(&failure);
             if let Some(e) = cause.and_then(|c| c.downcast_ref::<RequestBodyError>()) {
                 return H2Sent::Done(Err(body_error(e)));
+            }
+            if let Some(e) = body_failed.as_ref().and_then(|n| n.take()) {
+                return H2Sent::Done(Err(e));
             }
             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
             return H2Sent::Done(Err(ProxyError::UpstreamFailed {
@@ -555,33 +564,7 @@ enum H2Sent {
 
 /// A client body that failed on its way upstream, as the client's error.
 fn body_error(e: &RequestBodyError) -> ProxyError {
-    match e {
-        RequestBodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit: *limit },
-        RequestBodyError::Timeout(d) => ProxyError::BodyTimeout(d.as_secs().max(1)),
-        // A body hyper could not parse is the client's fault (400); any
-        // other failure is the client going away: it closed the
-        // connection or reset its HTTP/2 stream (nginx's 499).
-        RequestBodyError::Client(e) if malformed(&**e) => {
-            ProxyError::BadRequest("the client's request body is malformed")
-        }
-        RequestBodyError::Client(_) => ProxyError::ClientClosed,
-    }
-}
-
-/// Whether a client body failed on its framing (hyper's decoder reports a
-/// bad chunk as invalid data or input), not on the client going away.
-fn malformed(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(e) = cause {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
-            );
-        }
-        cause = e.source();
-    }
-    false
+    e.as_client_error()
 }
 
 fn is_idempotent(m: &Method) -> bool {
