@@ -164,3 +164,85 @@ fn an_unreadable_config_exits_1_with_the_place() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("nginx.conf:4"), "{stderr}");
 }
+
+/// YAML 1.1 readers (PyYAML, Ansible, Go's yaml.v2 in many Helm tools)
+/// read `127_0_0_1_9000` or `on` unquoted as a number or a boolean: every
+/// upstream name an import writes stays a string to them, and every
+/// route's upstream names one of them.
+#[test]
+fn imported_upstream_names_stay_strings_to_yaml_1_1_readers() {
+    let python = "/usr/bin/python3";
+    let has_yaml = Command::new(python)
+        .args(["-c", "import yaml"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_yaml,
+        "PyYAML is needed: apt-get install -y python3-yaml (scripts/test installs it)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("nginx.conf"),
+        "events {}
+http {
+    upstream on { server 127.0.0.1:9001; }
+    upstream 1e3 { server 127.0.0.1:9002; }
+    server {
+        listen 8080;
+        location /a/ { proxy_pass http://127.0.0.1:9000; }
+        location /b/ { proxy_pass http://on; }
+        location /c/ { proxy_pass http://1e3; }
+    }
+}
+",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files = vec![dir.path().join("tollgate.yaml")];
+    for (case, _) in CASES {
+        files.push(corpus(case).join("expected.yaml"));
+    }
+    for file in files {
+        let script = "import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+ups = c.get('upstreams') or {}
+bad = [repr(k) for k in ups if not isinstance(k, str)]
+for r in c.get('routes') or []:
+    u = r.get('upstream')
+    if u is not None and (not isinstance(u, str) or u not in ups):
+        bad.append('route ' + repr(u))
+print(' '.join(sorted(map(str, ups))))
+if bad:
+    sys.exit('not strings: ' + ', '.join(bad))
+";
+        let read = Command::new(python)
+            .args(["-c", script, file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            read.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&read.stderr)
+        );
+        if file.starts_with(dir.path()) {
+            let names = String::from_utf8_lossy(&read.stdout);
+            assert_eq!(
+                names.trim(),
+                "upstream_127_0_0_1_9000 upstream_1e3 upstream_on",
+                "{}",
+                std::fs::read_to_string(&file).unwrap()
+            );
+        }
+    }
+}

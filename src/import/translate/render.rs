@@ -202,9 +202,29 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
             protocol: u.h2.then(|| "h2".to_owned()),
             ..RawUpstream::default()
         };
-        (String::new(), name.clone(), raw)
+        (String::new(), yaml_safe(name), raw)
     };
     out.upstreams.iter().map(upstream).collect()
+}
+
+/// An upstream's name as written in the YAML: one that a YAML 1.1 reader
+/// (PyYAML, Ansible, Go's yaml.v2 in many Helm tools) would read as a
+/// number, a boolean or null unquoted (`127_0_0_1_9000`, `on`, `1e3`)
+/// gets `upstream_` in front, so every reader keeps a string.
+pub(super) fn yaml_safe(name: &str) -> String {
+    const WORDS: [&str; 14] = [
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", "", ".inf", ".nan",
+        "-.inf",
+    ];
+    let lower = name.to_ascii_lowercase();
+    let starts_numeric = name
+        .trim_start_matches(['+', '-', '.'])
+        .starts_with(|c: char| c.is_ascii_digit());
+    if starts_numeric || WORDS.contains(&lower.as_str()) {
+        format!("upstream_{name}")
+    } else {
+        name.to_owned()
+    }
 }
 
 fn routes(out: &Out, above: &mut Above) -> Vec<(String, RawRoute)> {
@@ -222,7 +242,7 @@ fn routes(out: &Out, above: &mut Above) -> Vec<(String, RawRoute)> {
             ..RawMatch::default()
         };
         let (upstream, respond) = match &r.action {
-            Action::Upstream(name) => (Some(name.clone()), None),
+            Action::Upstream(name) => (Some(yaml_safe(name)), None),
             Action::Respond(respond) => (None, Some(respond.clone())),
         };
         let route = RawRoute {
