@@ -237,8 +237,7 @@ async fn call_node(
     let forms = decide.by_node().ok_or(None)?;
     let (generation, mut conn) = link.get().map_err(|why| Some((why.to_owned(), false)))?;
     let first = jobs.first().and_then(|j| j.keys().next()).unwrap_or("");
-    let receipt = link.receipt(first).ok_or(None)?;
-    let receipt = Some((receipt, keep(timeout)));
+    let receipt = Some(link.receipt(first, timeout).ok_or(None)?);
     let args = |cmd: &mut redis::Cmd| {
         cmd.arg(0);
         operands(cmd, (0, version_key), jobs, receipt.as_ref());
@@ -338,10 +337,10 @@ pub async fn call(
     let receipt = match &conn {
         Conn::Cluster(_) => {
             let first = jobs.first().and_then(|j| j.keys().next()).unwrap_or("");
-            let key = link
-                .receipt(first)
+            let receipt = link
+                .receipt(first, timeout)
                 .ok_or_else(|| ("a cluster key without a hash tag".to_owned(), false))?;
-            Some((key, keep(timeout)))
+            Some(receipt)
         }
         Conn::Single(_) => None,
     };
@@ -355,14 +354,16 @@ pub async fn call(
     result
 }
 
-/// How long a receipt is kept: past every retry of its call (all within
-/// the call's timeout), with room for Redis's and our clocks to differ.
+/// How long a receipt is kept at least: past every retry of its call (all
+/// within the call's timeout), with room for Redis's and our clocks to
+/// differ. Also the span of a receipts hash's time bucket, which is kept
+/// twice as long from its last write.
 pub fn keep(timeout: Duration) -> u64 {
     (timeout.as_millis() as u64 * 4).max(1000)
 }
 
-/// A call's receipt (a cluster's): its key and how long to keep it, ms.
-pub type Receipt = Option<(String, u64)>;
+/// A call's receipt (a cluster's).
+pub type Receipt = Option<super::conn::Receipt>;
 
 /// One script call for `jobs`, bounded by `timeout` (loading the function
 /// or script Redis lacks included): per job, the clock and its decision
@@ -398,7 +399,7 @@ fn operands(
     cmd: &mut redis::Cmd,
     (now, version_key): (u64, &str),
     jobs: &[Job],
-    receipt: Option<&(String, u64)>,
+    receipt: Option<&super::conn::Receipt>,
 ) {
     let runs: SmallVec<[&[Job]; 16]> = jobs.chunk_by(Job::same).collect();
     let keys: usize = runs.iter().map(|run| run[0].ends.len()).sum();
@@ -412,8 +413,8 @@ fn operands(
     if version.is_some() {
         cmd.arg(version_key);
     }
-    if let Some((key, _)) = receipt {
-        cmd.arg(key);
+    if let Some(r) = receipt {
+        cmd.arg(&r.key);
     }
     match version {
         Some(v) => {
@@ -429,8 +430,8 @@ fn operands(
         }
         cmd.arg(&run[0].spec);
     }
-    if let Some((_, keep)) = receipt {
-        cmd.arg(keep);
+    if let Some(r) = receipt {
+        cmd.arg(&r.last);
     }
 }
 

@@ -19,6 +19,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
 
+use crate::clock::Clock;
+
 /// How to (re)connect.
 // One per store: the size difference does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -105,10 +107,28 @@ pub struct Link {
     /// A cluster's calls carry receipts (see `function::once`): this
     /// process's random name and its calls so far.
     receipts: Option<(u64, AtomicU64)>,
+    /// What names a receipt's time bucket.
+    clock: Clock,
+}
+
+/// Where a cluster call's answer is kept for its retries (see
+/// `function::once`): a hash of the receipts of one time bucket, in the
+/// slot of the call's keys, and the call's own field in it.
+pub struct Receipt {
+    /// The bucket's key: its first argument as a key.
+    pub key: String,
+    /// The call's last argument: `<field>:<ms to keep the bucket>`.
+    pub last: String,
+}
+
+impl redis::ToRedisArgs for Receipt {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        self.key.write_redis_args(out);
+    }
 }
 
 impl Link {
-    pub fn new(target: Target, threshold: u32) -> Self {
+    pub fn new(target: Target, threshold: u32, clock: Clock) -> Self {
         use std::hash::{BuildHasher, Hasher};
         // Seeded from the OS's randomness, per process.
         let process = std::collections::hash_map::RandomState::new()
@@ -123,6 +143,7 @@ impl Link {
             threshold,
             wake: Notify::new(),
             closed: AtomicBool::new(false),
+            clock,
         }
     }
 
@@ -166,12 +187,18 @@ impl Link {
         }
     }
 
-    /// The receipt key for a call whose first key is `key` (a cluster's
-    /// calls only; none for a key without a hash tag).
-    pub fn receipt(&self, key: &str) -> Option<String> {
+    /// The receipt for a call whose first key is `key`, that may be
+    /// retried for up to `timeout` (a cluster's calls only; none for a key
+    /// without a hash tag).
+    pub fn receipt(&self, key: &str, timeout: std::time::Duration) -> Option<Receipt> {
         let (process, calls) = self.receipts.as_ref()?;
         let call = calls.fetch_add(1, Ordering::Relaxed);
-        super::function::receipt(key, *process, call)
+        let span = super::batch::keep(timeout);
+        let bucket = self.clock.unix_ms() / span;
+        Some(Receipt {
+            key: super::function::receipt(key, bucket)?,
+            last: format!("{process:x}.{call:x}:{}", 2 * span),
+        })
     }
 
     pub fn is_cluster(&self) -> bool {

@@ -186,16 +186,23 @@ pub async fn evalsha_loading<T: redis::FromRedisValue>(
     }
 }
 
-/// `script` made to run once per receipt: its last key names the receipt
-/// (in the slot of its other keys), its last argument how long to keep it
-/// (ms). The first run decides and stores its answer under the receipt,
-/// in the same atomic step as its writes (so a failover keeps both or
-/// neither); a run that finds the receipt answers from it and changes
-/// nothing. The script itself sees its keys and arguments without them.
+/// `script` made to run once per receipt: its last key names a hash of
+/// receipts (in the slot of its other keys), its last argument the call's
+/// field in it and how long to keep the hash, `<field>:<ms>`. The first
+/// run decides and stores its answer under its field, in the same atomic
+/// step as its writes (so a failover keeps both or neither); a run that
+/// finds its field answers from it and changes nothing. The script itself
+/// sees its keys and arguments without them.
+///
+/// One hash per hash tag and time bucket (a few seconds), not a key per
+/// call: while a slot moves, a call whose keys are partly moved is
+/// refused (TRYAGAIN) until they are all on one node, and a key made per
+/// call is one that is always missing, and one more to move.
 pub fn once(script: &str) -> String {
     format!(
-        "local receipt, keep = KEYS[#KEYS], ARGV[#ARGV]
-local done = redis.call('GET', receipt)
+        "local receipt = KEYS[#KEYS]
+local id, keep = string.match(ARGV[#ARGV], '^(.*):(%d+)$')
+local done = redis.call('HGET', receipt, id)
 if done then return done end
 local keys, argv = {{}}, {{}}
 for i = 1, #KEYS - 1 do keys[i] = KEYS[i] end
@@ -203,19 +210,21 @@ for i = 1, #ARGV - 1 do argv[i] = ARGV[i] end
 local answer = (function(KEYS, ARGV)
 {script}
 end)(keys, argv)
-redis.call('SET', receipt, answer, 'PX', keep)
+redis.call('HSET', receipt, id, answer)
+redis.call('PEXPIRE', receipt, keep)
 return answer
 "
     )
 }
 
-/// The receipt key of a call whose first key is `key`: the same hash tag
-/// (so the same slot) and prefix, then `:once:<process>:<call>`. `None`
-/// when the key has no hash tag (then its slot is its whole name's).
-pub fn receipt(key: &str, process: u64, call: u64) -> Option<String> {
+/// The receipts key of time bucket `bucket` for a call whose first key is
+/// `key`: the same hash tag (so the same slot) and prefix, then
+/// `:once:<bucket>`. `None` when the key has no hash tag (then its slot is
+/// its whole name's).
+pub fn receipt(key: &str, bucket: u64) -> Option<String> {
     let open = key.find('{')?;
     let close = open + 1 + key[open + 1..].find('}')?;
-    (close > open + 1).then(|| format!("{}:once:{process:x}:{call:x}", &key[..=close]))
+    (close > open + 1).then(|| format!("{}:once:{bucket:x}", &key[..=close]))
 }
 
 /// The server does not have the function, or cannot run functions at all.

@@ -176,7 +176,7 @@ impl RedisStore {
         clock: &Clock,
     ) -> Result<(Self, Option<ConnectError>), ConnectError> {
         let target = target(options)?;
-        let link = Arc::new(Link::new(target, options.breaker_failures));
+        let link = Arc::new(Link::new(target, options.breaker_failures, clock.clone()));
         let first = link.target.connect(options.connect_timeout).await;
         let warning = match first {
             Ok(c) => {

@@ -274,12 +274,14 @@ redis.register_function{{function_name = '{function}', flags = {{ 'allow-cross-s
   local keys, argv = {{}}, {{}}
   for i = 1, n - 1 do keys[i] = args[i + 1] end
   for i = n + 2, #args - 1 do argv[#argv + 1] = args[i] end
-  local receipt, keep = args[n + 1], args[#args]
-  local done = redis.call('GET', receipt)
+  local receipt = args[n + 1]
+  local id, keep = string.match(args[#args], '^(.*):(%d+)$')
+  local done = redis.call('HGET', receipt, id)
   if done then return done end
   decide = decide or make()
   local answer = decide(keys, argv)
-  redis.call('SET', receipt, answer, 'PX', keep)
+  redis.call('HSET', receipt, id, answer)
+  redis.call('PEXPIRE', receipt, keep)
   return answer
 end}}
 "

@@ -92,7 +92,7 @@ impl RedisStore {
             .iter()
             .map(|(limit, key, _)| self.key(&crate::limiter::Check::new(limit, key, 1)))
             .collect();
-        let receipt = self.link.receipt(&keys[0]);
+        let receipt = self.link.receipt(&keys[0], self.timeout);
         let mut cmd = redis::cmd("EVAL");
         let script = if receipt.is_some() {
             ONCE.as_str()
@@ -107,8 +107,8 @@ impl RedisStore {
             let (tag, p1, p2, p3) = super::setup::params(&limit.algorithm, || self.clock.unix_ms());
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(*delta);
         }
-        if receipt.is_some() {
-            cmd.arg(super::batch::keep(self.timeout));
+        if let Some(r) = &receipt {
+            cmd.arg(&r.last);
         }
         let _: i64 = self.command(&mut cmd).await?;
         Ok(())

@@ -17,7 +17,7 @@ impl RedisStore {
         // On a cluster (the only place refunds are made) with a receipt:
         // the client's retry gives back once.
         let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
-        let receipt = self.link.receipt(&keys[0]);
+        let receipt = self.link.receipt(&keys[0], self.timeout);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.refund.get_hash())
             .arg(keys.len() + usize::from(receipt.is_some()))
@@ -28,8 +28,8 @@ impl RedisStore {
             let (tag, p1, p2, p3) = params(&c.limit.algorithm, || stamp);
             cmd.arg(tag).arg(p1).arg(p2).arg(p3).arg(c.cost);
         }
-        if receipt.is_some() {
-            cmd.arg(batch::keep(self.timeout));
+        if let Some(r) = &receipt {
+            cmd.arg(&r.last);
         }
         let (script, timeout) = (self.refund.clone(), self.timeout * 4);
         tokio::spawn(async move {
