@@ -150,13 +150,17 @@ impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if !this.from_client.off {
-            this.from_client.walk(&buf.filled()[before..], &this.stats);
-        }
-        polled
+        let Counted {
+            io,
+            stats,
+            from_client,
+            ..
+        } = self.get_mut();
+        super::poll_read_seen(io, cx, buf, |read| {
+            if !from_client.off {
+                from_client.walk(read, stats);
+            }
+        })
     }
 }
 

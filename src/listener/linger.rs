@@ -71,12 +71,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for Linger<I> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.state.bytes_read();
-        }
-        polled
+        super::poll_read_seen(&mut this.io, cx, buf, |read| {
+            if !read.is_empty() {
+                this.state.bytes_read();
+            }
+        })
     }
 }
 

@@ -110,6 +110,20 @@ fn head_limits(s: &ServerConfig) -> h1::HeadLimits {
     )
 }
 
+/// Reads from `io` into `buf` and shows `seen` the bytes that arrived (a
+/// stream wrapper that watches what passes).
+pub(crate) fn poll_read_seen<I: tokio::io::AsyncRead + Unpin>(
+    io: &mut I,
+    cx: &mut std::task::Context<'_>,
+    buf: &mut tokio::io::ReadBuf<'_>,
+    seen: impl FnOnce(&[u8]),
+) -> std::task::Poll<std::io::Result<()>> {
+    let before = buf.filled().len();
+    let polled = std::pin::Pin::new(io).poll_read(cx, buf);
+    seen(&buf.filled()[before..]);
+    polled
+}
+
 fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()

@@ -181,7 +181,7 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
         "promtool check rules: {out}{}",
         String::from_utf8_lossy(&check.stderr)
     );
-    assert!(out.contains("10 rules found"), "{out}");
+    assert!(out.contains("11 rules found"), "{out}");
     let test = promtool(&["test", "rules", "tollgate.rules.test.yml"]);
     let out = String::from_utf8_lossy(&test.stdout);
     assert!(

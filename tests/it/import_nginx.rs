@@ -51,6 +51,15 @@ struct Imported {
     yaml: String,
 }
 
+/// `tollgate import-nginx nginx.conf -o tollgate.yaml` run in `dir`.
+fn import_in(dir: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
 fn import(case: &str) -> Imported {
     let dir = tempfile::tempdir().unwrap();
     copy_dir(&corpus(case), dir.path());
@@ -63,11 +72,7 @@ fn import(case: &str) -> Imported {
             std::fs::copy(key, dir.path().join(format!("certs/{file}.key"))).unwrap();
         }
     }
-    let out = Command::new(BIN)
-        .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let out = import_in(dir.path());
     let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap_or_default();
     Imported {
         code: out.status.code().unwrap_or(-1),
@@ -197,11 +202,7 @@ http {
 ",
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let out = import_in(dir.path());
     assert_eq!(
         out.status.code(),
         Some(0),

@@ -35,6 +35,28 @@ async fn ask(addr: SocketAddr, who: &str) -> (StatusCode, Duration) {
     (got.status, start.elapsed())
 }
 
+/// 16 clients, each sending one request after another (as `who(client,
+/// n)` for its n-th) through the replicas in turn until `ends`: each
+/// gives the statuses it got.
+fn hammer(
+    addrs: &[SocketAddr],
+    ends: Instant,
+    who: fn(usize, usize) -> String,
+) -> tokio::task::JoinSet<Vec<u16>> {
+    let mut drivers = tokio::task::JoinSet::new();
+    for d in 0..16 {
+        let addr = addrs[d % addrs.len()];
+        drivers.spawn(async move {
+            let mut seen = Vec::new();
+            while Instant::now() < ends {
+                seen.push(ask(addr, &who(d, seen.len())).await.0.as_u16());
+            }
+            seen
+        });
+    }
+    drivers
+}
+
 /// The index of the primary holding keys under `pattern`.
 fn holder(cluster: &RedisCluster, pattern: &str) -> usize {
     let holders: Vec<usize> = (0..cluster.nodes.len())
@@ -221,17 +243,7 @@ async fn a_slot_moved_under_load_keeps_the_count_exact() {
     let to = (from + 1) % 3;
 
     let load_ends = Instant::now() + Duration::from_secs(4);
-    let mut drivers = tokio::task::JoinSet::new();
-    for d in 0..16 {
-        let addr = addrs[d % 3];
-        drivers.spawn(async move {
-            let mut seen = Vec::new();
-            while Instant::now() < load_ends {
-                seen.push(ask(addr, "hot").await.0.as_u16());
-            }
-            seen
-        });
-    }
+    let mut drivers = hammer(&addrs, load_ends, |_, _| "hot".to_owned());
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.move_slot(slot, from, to, 1);
     let mut statuses = Vec::new();
@@ -313,19 +325,9 @@ async fn slots_moved_one_after_another_under_load_fail_no_request() {
     assert_eq!(keys().len(), KEYS);
 
     let load_ends = Instant::now() + Duration::from_secs(4);
-    let mut drivers = tokio::task::JoinSet::new();
-    for d in 0..16 {
-        let addr = addrs[d % 3];
-        drivers.spawn(async move {
-            let mut seen = Vec::new();
-            let mut i = d;
-            while Instant::now() < load_ends {
-                seen.push(ask(addr, &format!("tenant-{}", i % KEYS)).await.0.as_u16());
-                i += 1;
-            }
-            seen
-        });
-    }
+    let mut drivers = hammer(&addrs, load_ends, |d, n| {
+        format!("tenant-{}", (d + n) % KEYS)
+    });
     let mut moved = 0;
     while Instant::now() + Duration::from_millis(500) < load_ends {
         let slot = slots[moved % slots.len()];
