@@ -219,7 +219,7 @@ pub struct RawServer {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub targets: Vec<Text>,
+    pub targets: Vec<RawTarget>,
     pub tls: Option<RawUpstreamTls>,
     pub connect_timeout: Option<Text>,
     pub timeout: Option<Text>,
@@ -230,6 +230,47 @@ pub struct RawUpstream {
     /// `http1` (default), `h2` or `auto`.
     pub protocol: Option<String>,
     pub max_streams_per_connection: Option<Text>,
+}
+
+/// A target: `"host:port"`, or a map with nginx's per-server parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum RawTarget {
+    Address(Text),
+    With(RawTargetMap),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTargetMap {
+    pub address: Text,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<Text>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub down: Option<bool>,
+}
+
+/// A string, or a map whose unknown keys are refused by name (serde's
+/// untagged enums say only that nothing matched).
+impl<'de> Deserialize<'de> for RawTarget {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::Mapping(m) => RawTargetMap::deserialize(Value::Mapping(m))
+                .map(RawTarget::With)
+                .map_err(serde::de::Error::custom),
+            other => Text::deserialize(other)
+                .map(RawTarget::Address)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl From<&str> for RawTarget {
+    fn from(s: &str) -> RawTarget {
+        RawTarget::Address(Text::from(s))
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -8,7 +8,7 @@ use http::header::HeaderValue;
 
 use super::checker::Checker;
 use super::compiled::*;
-use super::raw::RawUpstream;
+use super::raw::{RawTarget, RawUpstream};
 use crate::tls;
 
 pub(super) fn upstreams(
@@ -28,14 +28,14 @@ pub(super) fn upstreams(
             .targets
             .iter()
             .enumerate()
-            .filter_map(|(i, t)| match parse_target(&t.0) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    c.report(format!("{path}.targets[{i}]"), e);
-                    None
-                }
-            })
+            .filter_map(|(i, t)| target(c, &format!("{path}.targets[{i}]"), t))
             .collect();
+        if !targets.is_empty() && targets.iter().all(|t| t.backup) {
+            c.report(
+                format!("{path}.targets"),
+                "every target is a backup: at least one must not be",
+            );
+        }
         let tls = u
             .tls
             .as_ref()
@@ -163,6 +163,33 @@ fn is_host_with_port(s: &str) -> bool {
 }
 
 /// `host:port`, `1.2.3.4:80` or `[::1]:80`; a scheme is a mistake worth naming.
+/// One entry of `targets`, at `path`: its address, and a map's weight,
+/// backup and down.
+fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
+    let (address, map) = match raw {
+        RawTarget::Address(a) => (a, None),
+        RawTarget::With(m) => (&m.address, Some(m)),
+    };
+    let at = if map.is_some() {
+        format!("{path}.address")
+    } else {
+        path.to_owned()
+    };
+    let mut t = match parse_target(&address.0) {
+        Ok(t) => t,
+        Err(e) => {
+            c.report(at, e);
+            return None;
+        }
+    };
+    if let Some(m) = map {
+        t.weight = c.number(&format!("{path}.weight"), &m.weight, 1u32, 1, 1000);
+        t.backup = m.backup.unwrap_or(false);
+        t.down = m.down.unwrap_or(false);
+    }
+    Some(t)
+}
+
 pub(super) fn parse_target(text: &str) -> Result<Target, String> {
     let t = text.trim();
     if t.contains("://") {
@@ -190,5 +217,8 @@ pub(super) fn parse_target(text: &str) -> Result<Target, String> {
         authority: t.to_owned(),
         host: host.to_owned(),
         port,
+        weight: 1,
+        backup: false,
+        down: false,
     })
 }

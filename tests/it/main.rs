@@ -5,6 +5,7 @@
 mod common;
 
 mod admin;
+mod balancing;
 mod cli;
 mod client_ip;
 mod conformance;

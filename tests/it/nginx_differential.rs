@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::common::*;
 
 /// nginx running on a rewritten corpus config, stopped when dropped.
-struct Nginx {
+pub(crate) struct Nginx {
     child: Child,
     dir: tempfile::TempDir,
 }
@@ -58,7 +58,7 @@ fn nginx_binary() -> &'static str {
         .expect("nginx is not installed; the differential test needs it: apt-get install -y nginx (scripts/test does this)")
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -132,10 +132,17 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
         .current_dir(dir.path())
         .output()
         .unwrap();
+    // Every upstream server is rewritten to the one echo server, so an
+    // upstream rule the import could not keep (least_conn, max_fails)
+    // changes nothing these traces see.
+    let stderr = String::from_utf8_lossy(&import.stderr);
+    let only_balancing = stderr
+        .lines()
+        .filter(|l| l.contains(": NOT EQUIVALENT: "))
+        .all(|l| l.contains(": upstream "));
     assert!(
-        import.status.success(),
-        "{case}: import failed: {}",
-        String::from_utf8_lossy(&import.stderr)
+        import.status.success() || (import.status.code() == Some(2) && only_balancing),
+        "{case}: import failed: {stderr}"
     );
     let tollgate_port = free_port();
     let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml"))
@@ -146,6 +153,13 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
         )
         .replace(": certs/", &format!(": {}/certs/", dir.path().display()))
         + "admin: { enabled: false }\nlog: { access_log: false }\n";
+    let (nginx, addr) = launch(dir, nginx_port).await;
+    (nginx, addr, yaml)
+}
+
+/// nginx started on `dir`'s nginx.conf, which listens on `port`, once it
+/// answers.
+pub(crate) async fn launch(dir: tempfile::TempDir, port: u16) -> (Nginx, SocketAddr) {
     let prefix = format!("{}/", dir.path().display());
     let globals = format!("daemon off; pid {prefix}nginx.pid; error_log {prefix}error.log;");
     let child = Command::new(nginx_binary())
@@ -162,13 +176,13 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
         .spawn()
         .unwrap();
     let nginx = Nginx { child, dir };
-    let addr: SocketAddr = format!("127.0.0.1:{nginx_port}").parse().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     // On failure the guard prints nginx's error log.
     until(Duration::from_secs(10), "nginx answers", || async {
         tokio::net::TcpStream::connect(addr).await.is_ok()
     })
     .await;
-    (nginx, addr, yaml)
+    (nginx, addr)
 }
 
 fn copy_rewritten(from: &Path, to: &Path, port: u16, echo: SocketAddr) {

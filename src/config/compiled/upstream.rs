@@ -45,6 +45,12 @@ pub struct Target {
     pub authority: String,
     pub host: String,
     pub port: u16,
+    /// Its share of the requests against the others' (nginx `weight`).
+    pub weight: u32,
+    /// Takes requests only while no primary target can (nginx `backup`).
+    pub backup: bool,
+    /// Takes no requests (nginx `down`).
+    pub down: bool,
 }
 
 pub struct UpstreamTls {

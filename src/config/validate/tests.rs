@@ -255,3 +255,56 @@ upstreams:
         ],
     );
 }
+
+#[test]
+fn target_maps_take_weight_backup_and_down_and_name_their_mistakes() {
+    let ok = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  api:
+    targets:
+      - '127.0.0.1:3000'
+      - { address: '127.0.0.1:3001', weight: 5 }
+      - { address: '127.0.0.1:3002', backup: true, down: true }
+routes:
+  - { match: { path_prefix: / }, upstream: api }
+",
+        &|_| None,
+    )
+    .unwrap();
+    let t = &ok.upstreams[0].targets;
+    assert_eq!(
+        t.iter()
+            .map(|t| (t.weight, t.backup, t.down))
+            .collect::<Vec<_>>(),
+        [(1, false, false), (5, false, false), (1, true, true)]
+    );
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  api: { targets: [{ address: '127.0.0.1:3000', weight: 0 }, { address: nope, weight: heavy }] }
+  all_backup: { targets: [{ address: '127.0.0.1:3000', backup: true }] }
+routes:
+  - { match: { path_prefix: / }, upstream: api }
+",
+    );
+    let expect = [
+        "upstreams.api.targets[0].weight: expected a whole number from 1 to 1000, got \"0\"",
+        "upstreams.api.targets[1].address: expected \"host:port\", got \"nope\"",
+        "upstreams.all_backup.targets: every target is a backup",
+    ];
+    crate::config::testing::assert_exactly(&found, &expect);
+    let unknown = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  api: { targets: [{ address: '127.0.0.1:3000', wieght: 2 }] }
+routes:
+  - { match: { path_prefix: / }, upstream: api }
+",
+    );
+    assert!(
+        unknown.iter().any(|p| p.contains("upstreams.api.targets[0]")
+            && p.contains("unknown field `wieght`")),
+        "{unknown:?}"
+    );
+}

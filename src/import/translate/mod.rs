@@ -18,7 +18,7 @@ mod server;
 use std::collections::BTreeMap;
 
 use super::reader::{Directive, Place};
-use crate::config::raw::{RawRespond, RawServer, Text};
+use crate::config::raw::{RawRespond, RawServer, RawTarget, RawTargetMap, Text};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -248,7 +248,7 @@ struct Route {
 
 #[derive(Default)]
 struct Upstream {
-    targets: Vec<String>,
+    targets: Vec<RawTarget>,
     tls: bool,
     /// Reached by `grpc_pass`: HTTP/2.
     h2: bool,
@@ -553,33 +553,48 @@ fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
                 let has_port = target
                     .rsplit_once(':')
                     .is_some_and(|(h, p)| !h.ends_with(':') && p.parse::<u16>().is_ok());
-                u.targets.push(if has_port {
+                let address = if has_port {
                     target
                 } else {
                     format!("{target}:80")
-                });
+                };
+                let mut map = RawTargetMap {
+                    address: Text(address),
+                    ..RawTargetMap::default()
+                };
                 for p in &s.args[1..] {
-                    let what = p.split('=').next().unwrap_or(p);
-                    let why = match what {
-                        "weight" => "tollgate balances round robin with equal weights",
-                        "backup" => "tollgate has no backup targets: this one takes traffic like the others",
-                        "down" => "a target marked down is still used",
-                        "max_fails" | "fail_timeout" => "tollgate puts a target that refused a connection in cool-down (upstreams.<name>.cooldown) instead",
-                        _ => "not translated",
-                    };
-                    out.note(
-                        &s.at,
-                        Severity::Skipped,
-                        format!("upstream {name}: {p}: {why}"),
-                    );
+                    let (what, value) = p.split_once('=').unwrap_or((p, ""));
+                    match what {
+                        "weight" => map.weight = Some(Text(value.to_owned())),
+                        "backup" => map.backup = Some(true),
+                        "down" => map.down = Some(true),
+                        _ => {
+                            let why = match what {
+                                "max_fails" | "fail_timeout" => "a target that refused a connection is put in cool-down (upstreams.<name>.cooldown) instead; failures are not counted",
+                                "max_conns" => "requests in flight per target are not capped",
+                                _ => "not translated",
+                            };
+                            out.note(
+                                &s.at,
+                                Severity::Lost,
+                                format!("upstream {name}: {p}: {why}"),
+                            );
+                        }
+                    }
                 }
+                let plain = map.weight.is_none() && map.backup.is_none() && map.down.is_none();
+                u.targets.push(if plain {
+                    RawTarget::Address(map.address)
+                } else {
+                    RawTarget::With(map)
+                });
             }
             "keepalive" => u.keepalive = s.args.first().cloned(),
             _ => out.note(
                 &s.at,
-                Severity::Skipped,
+                Severity::Lost,
                 format!(
-                    "upstream {name}: {} is not translated (round robin)",
+                    "upstream {name}: {} is not translated (weighted round robin)",
                     s.name
                 ),
             ),

@@ -194,7 +194,7 @@ fn zones(out: &mut Out, above: &mut Above, before: &mut Before) -> Vec<(String, 
 fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
     let upstream = |(name, u): (&String, &super::Upstream)| {
         let raw = RawUpstream {
-            targets: u.targets.iter().map(|t| Text(t.clone())).collect(),
+            targets: u.targets.clone(),
             tls: u.tls.then(RawUpstreamTls::default),
             connect_timeout: u.connect_timeout.clone(),
             timeout: u.read_timeout.clone(),

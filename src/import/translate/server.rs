@@ -2,7 +2,7 @@
 
 use super::route::add_route;
 use super::{Action, Inherited, Listener, Out, Severity};
-use crate::config::raw::{RawRespond, Text};
+use crate::config::raw::{RawRespond, RawTarget, Text};
 use crate::import::reader::{Directive, Place};
 
 pub(super) fn server(d: &Directive, block: &[Directive], out: &mut Out, inh: Inherited) {
@@ -395,7 +395,7 @@ fn proxy_pass(d: &Directive, out: &mut Out) -> Option<(Action, String)> {
         .collect();
     let u = out.upstreams.entry(name.clone()).or_default();
     if u.targets.is_empty() {
-        u.targets.push(target);
+        u.targets.push(RawTarget::Address(Text(target)));
         u.tls = tls;
     }
     u.h2 |= h2;

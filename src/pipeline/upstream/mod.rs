@@ -1,5 +1,7 @@
-//! The upstream stage: picks a target (round robin, skipping targets in
-//! cool-down after a failed connect), takes a pooled keep-alive connection or
+//! The upstream stage: picks a target (nginx's smooth weighted round
+//! robin, `balancer`: backups only when no primary can take it, never a
+//! target marked down, skipping targets in cool-down after a failed
+//! connect), takes a pooled keep-alive connection or
 //! opens one (TCP, optionally TLS), and sends the request over HTTP/1.1.
 //!
 //! Retries never replay a body that may have reached the upstream:
@@ -12,6 +14,7 @@
 //!
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
+mod balancer;
 pub(crate) mod h1;
 pub(crate) mod h2;
 mod held;
@@ -19,7 +22,7 @@ mod io;
 pub(crate) mod pool;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +32,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use self::balancer::Balancer;
 use self::h1::{Conn, Io, SendError};
 use self::h2::{H2Pool, SendFailure};
 use self::pool::Pool;
@@ -57,8 +61,8 @@ pub enum Answer {
 pub struct Upstream {
     pub name: Arc<str>,
     targets: Box<[TargetState]>,
-    /// Round-robin cursor.
-    next: AtomicUsize,
+    /// Which target each attempt goes to (weights, backups, down).
+    balancer: Balancer,
     connect_timeout: Duration,
     /// Time for the response head; also the body's idle timeout.
     pub timeout: Duration,
@@ -131,7 +135,7 @@ impl Upstream {
         Upstream {
             name: Arc::from(cfg.name.as_str()),
             targets,
-            next: AtomicUsize::new(0),
+            balancer: Balancer::new(&cfg.targets),
             connect_timeout: cfg.connect_timeout,
             timeout: cfg.timeout,
             cooldown: cfg.cooldown,
@@ -204,25 +208,28 @@ impl Upstream {
         // ages and the duration all measure from it.
         let sending = self.clock.now();
         let n = self.targets.len();
-        let first = self.next.fetch_add(1, Ordering::Relaxed);
         // Written only when a connect fails: nothing allocated per request.
         let mut last_connect_error = None;
-        // Targets already tried for this request (the first 64 are tracked).
+        // Targets already tried for this request (the first 64 are tracked;
+        // past them the attempts are bounded by the number of targets).
         let mut tried: u64 = 0;
-        // Pass 0 tries targets that are up; pass 1 those in cool-down, in
-        // case they are back (better a try than a certain 502).
+        // Pass 0 tries targets that are up (a backup only when no primary
+        // is); pass 1 those in cool-down, in case they are back (better a
+        // try than a certain 502).
         for pass in 0..2 {
-            for i in 0..n {
-                let idx = (first + i) % n;
+            for _ in 0..n {
+                let usable = |idx: usize| {
+                    // The attempt's time in ms is worked out only for a
+                    // target with a cool-down deadline (0 while it is up:
+                    // most requests meet none).
+                    let until = self.targets[idx].down_until_ms.load(Ordering::Relaxed);
+                    let cooling = until != 0 && until > self.ms_at(sending);
+                    cooling == (pass == 1) && !(idx < 64 && tried & (1 << idx) != 0)
+                };
+                let Some(idx) = self.balancer.pick(usable) else {
+                    break;
+                };
                 let target = &self.targets[idx];
-                // The attempt's time in ms is worked out only for a target
-                // with a cool-down deadline (0 while it is up: most requests
-                // meet none).
-                let until = target.down_until_ms.load(Ordering::Relaxed);
-                let cooling = until != 0 && until > self.ms_at(sending);
-                if cooling != (pass == 1) || (idx < 64 && tried & (1 << idx) != 0) {
-                    continue;
-                }
                 if idx < 64 {
                     tried |= 1 << idx;
                 }
@@ -316,7 +323,7 @@ impl Upstream {
         }
         Err(ProxyError::UpstreamUnreachable {
             upstream: self.name.to_string(),
-            reason: last_connect_error.unwrap_or_else(|| "no target configured".to_owned()),
+            reason: last_connect_error.unwrap_or_else(|| "every target is marked down".to_owned()),
         })
     }
 

@@ -1,0 +1,178 @@
+//! Which target serves each request, against real nginx: an `upstream {}`
+//! block imported with `import-nginx`, the same requests sent one after
+//! another to nginx and to tollgate, and the sequence of targets that
+//! answered compared request for request (weights, `down`, `backup`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::common::*;
+use crate::nginx_differential::{free_port, launch, Nginx};
+
+/// A backend that answers every request with its own name; dropping
+/// `stop` (`Named::stop`) closes its listener and every connection, so its
+/// port refuses from then on.
+struct Named {
+    addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl Named {
+    async fn spawn(name: &'static str) -> Named {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                conns.spawn(async move {
+                    let svc = service_fn(move |_req| async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(full(name)))
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        Named { addr, tasks }
+    }
+
+    fn stop(&mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+/// nginx (one worker) and tollgate on the import of `upstream`'s body,
+/// every path proxied to it.
+async fn both(upstream: &str) -> (Nginx, SocketAddr, TestProxy) {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = format!(
+        "worker_processes 1;
+events {{}}
+http {{
+    access_log off;
+    upstream app {{
+{upstream}
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ proxy_pass http://app; }}
+    }}
+}}
+"
+    );
+    std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let import = std::process::Command::new(BIN)
+        .args(["import-nginx", "nginx.conf", "-o", "tollgate.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml"))
+        .unwrap()
+        .replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("127.0.0.1:{}", free_port()),
+        )
+        + "admin: { enabled: false }\nlog: { access_log: false }\n";
+    let proxy = TestProxy::spawn(&yaml).await;
+    let (nginx, addr) = launch(dir, port).await;
+    (nginx, addr, proxy)
+}
+
+/// The names of the targets that answered `n` requests sent one after
+/// another on one keep-alive connection (`!<status>` for an answer that
+/// is not a 200).
+async fn sequence(addr: SocketAddr, n: usize) -> Vec<String> {
+    let mut c = h1(addr).await;
+    let mut seen = Vec::with_capacity(n);
+    for _ in 0..n {
+        let got = send1(&mut c, request("GET", "/", empty())).await;
+        seen.push(if got.status == 200 {
+            String::from_utf8_lossy(&got.body).into_owned()
+        } else {
+            format!("!{}", got.status.as_u16())
+        });
+    }
+    seen
+}
+
+fn count(seq: &[String], name: &str) -> usize {
+    seq.iter().filter(|s| *s == name).count()
+}
+
+/// Weights 5:1:1: nginx's smooth weighted round robin spreads them
+/// `a a b a c a a`, and tollgate chooses the same target as nginx for each
+/// of 1,000 requests; a server marked `down` gets none from either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_choose_the_same_target_as_nginx_request_for_request() {
+    let (a, b, c, d) = (
+        Named::spawn("a").await,
+        Named::spawn("b").await,
+        Named::spawn("c").await,
+        Named::spawn("d").await,
+    );
+    let upstream = format!(
+        "        server {} weight=5;\n        server {};\n        server {} down;\n        server {};",
+        a.addr, b.addr, d.addr, c.addr
+    );
+    let (_nginx, nginx, proxy) = both(&upstream).await;
+    let want = sequence(nginx, 1000).await;
+    let got = sequence(proxy.addr(), 1000).await;
+    assert_eq!(want[..7].join(" "), "a a b a c a a", "nginx's own order");
+    assert_eq!(count(&want, "d"), 0);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w, g, "request {i}: nginx chose {w}, tollgate {g}");
+    }
+    assert_eq!(
+        (count(&got, "a"), count(&got, "b"), count(&got, "c")),
+        (714, 143, 143)
+    );
+}
+
+/// A backup takes nothing while a primary lives; with both primaries
+/// refusing connections, every request is answered by the backup, by
+/// nginx and by tollgate alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_serves_only_when_the_primaries_refuse_as_in_nginx() {
+    let (mut a, mut b, c) = (
+        Named::spawn("a").await,
+        Named::spawn("b").await,
+        Named::spawn("c").await,
+    );
+    let upstream = format!(
+        "        server {};\n        server {};\n        server {} backup;",
+        a.addr, b.addr, c.addr
+    );
+    let (_nginx, nginx, proxy) = both(&upstream).await;
+    let want = sequence(nginx, 20).await;
+    let got = sequence(proxy.addr(), 20).await;
+    assert_eq!(want, got);
+    assert_eq!(count(&got, "c"), 0, "{got:?}");
+    a.stop();
+    b.stop();
+    until(Duration::from_secs(5), "the primaries to refuse", || {
+        let (a, b) = (a.addr, b.addr);
+        async move {
+            tokio::net::TcpStream::connect(a).await.is_err()
+                && tokio::net::TcpStream::connect(b).await.is_err()
+        }
+    })
+    .await;
+    let want = sequence(nginx, 10).await;
+    let got = sequence(proxy.addr(), 10).await;
+    assert_eq!(want, vec!["c".to_owned(); 10], "nginx");
+    assert_eq!(got, want, "tollgate");
+}
