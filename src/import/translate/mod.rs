@@ -14,11 +14,12 @@
 mod render;
 mod route;
 mod server;
+mod upstream;
 
 use std::collections::BTreeMap;
 
 use super::reader::{Directive, Place};
-use crate::config::raw::{RawRespond, RawServer, RawTarget, RawTargetMap, Text};
+use crate::config::raw::{RawRespond, RawServer, RawTarget, Text};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -520,7 +521,7 @@ fn http(block: &[Directive], out: &mut Out, inh: &mut Inherited) {
         match (d.name.as_str(), &d.block) {
             ("limit_req_zone" | "limit_conn_zone", None) => {}
             ("map" | "geo", Some(_)) => out.other(d, "http"),
-            ("upstream", Some(b)) => upstream(d, b, out),
+            ("upstream", Some(b)) => upstream::upstream(d, b, out),
             ("server", Some(_)) => {}
             _ => out.other(d, "http"),
         }
@@ -533,72 +534,4 @@ fn http(block: &[Directive], out: &mut Out, inh: &mut Inherited) {
             server::server(d, b, out, inh.clone());
         }
     }
-}
-
-fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
-    let name = d.args.first().cloned().unwrap_or_default();
-    let mut u = Upstream::default();
-    for s in block {
-        match s.name.as_str() {
-            "server" => {
-                let target = s.args.first().cloned().unwrap_or_default();
-                if target.starts_with("unix:") {
-                    out.note(
-                        &s.at,
-                        Severity::Lost,
-                        "tollgate reaches upstreams over TCP only",
-                    );
-                    continue;
-                }
-                let has_port = target
-                    .rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.ends_with(':') && p.parse::<u16>().is_ok());
-                let address = if has_port {
-                    target
-                } else {
-                    format!("{target}:80")
-                };
-                let mut map = RawTargetMap {
-                    address: Text(address),
-                    ..RawTargetMap::default()
-                };
-                for p in &s.args[1..] {
-                    let (what, value) = p.split_once('=').unwrap_or((p, ""));
-                    match what {
-                        "weight" => map.weight = Some(Text(value.to_owned())),
-                        "backup" => map.backup = Some(true),
-                        "down" => map.down = Some(true),
-                        _ => {
-                            let why = match what {
-                                "max_fails" | "fail_timeout" => "a target that refused a connection is put in cool-down (upstreams.<name>.cooldown) instead; failures are not counted",
-                                "max_conns" => "requests in flight per target are not capped",
-                                _ => "not translated",
-                            };
-                            out.note(
-                                &s.at,
-                                Severity::Lost,
-                                format!("upstream {name}: {p}: {why}"),
-                            );
-                        }
-                    }
-                }
-                let plain = map.weight.is_none() && map.backup.is_none() && map.down.is_none();
-                u.targets.push(if plain {
-                    RawTarget::Address(map.address)
-                } else {
-                    RawTarget::With(map)
-                });
-            }
-            "keepalive" => u.keepalive = s.args.first().cloned(),
-            _ => out.note(
-                &s.at,
-                Severity::Lost,
-                format!(
-                    "upstream {name}: {} is not translated (weighted round robin)",
-                    s.name
-                ),
-            ),
-        }
-    }
-    out.upstreams.insert(name, u);
 }
