@@ -250,6 +250,10 @@ pub struct RawTargetMap {
     pub backup: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub down: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_fails: Option<Text>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_timeout: Option<Text>,
 }
 
 /// A string, or a map whose unknown keys are refused by name (serde's

@@ -186,6 +186,14 @@ fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
         t.weight = c.number(&format!("{path}.weight"), &m.weight, 1u32, 1, 1000);
         t.backup = m.backup.unwrap_or(false);
         t.down = m.down.unwrap_or(false);
+        t.max_fails = c.number(&format!("{path}.max_fails"), &m.max_fails, 1u32, 0, 1000);
+        if m.fail_timeout.is_some() {
+            t.fail_timeout = Some(c.positive_duration(
+                &format!("{path}.fail_timeout"),
+                &m.fail_timeout,
+                Duration::from_secs(10),
+            ));
+        }
     }
     Some(t)
 }
@@ -220,5 +228,7 @@ pub(super) fn parse_target(text: &str) -> Result<Target, String> {
         weight: 1,
         backup: false,
         down: false,
+        max_fails: 1,
+        fail_timeout: None,
     })
 }

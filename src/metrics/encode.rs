@@ -437,7 +437,7 @@ impl Scrape {
         counter(
             e,
             "tollgate_upstream_cooldowns",
-            "Times a target was put in cool-down after a failed connect.",
+            "Times a target was marked down: max_fails failures (connect errors, timeouts, lost connections, answers that are not HTTP) within fail_timeout.",
             per_target(4),
         )?;
         let h2 = |pick: fn((usize, usize)) -> usize| {

@@ -49,8 +49,8 @@ impl Named {
 }
 
 /// nginx (one worker) and tollgate on the import of `upstream`'s body,
-/// every path proxied to it.
-async fn both(upstream: &str) -> (Nginx, SocketAddr, TestProxy) {
+/// every path proxied to it (with `location`'s directives).
+async fn both(upstream: &str, location: &str) -> (Nginx, SocketAddr, TestProxy) {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let conf = format!(
@@ -63,7 +63,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{port};
-        location / {{ proxy_pass http://app; }}
+        location / {{ proxy_pass http://app; {location} }}
     }}
 }}
 "
@@ -96,10 +96,14 @@ http {{
 /// another on one keep-alive connection (`!<status>` for an answer that
 /// is not a 200).
 async fn sequence(addr: SocketAddr, n: usize) -> Vec<String> {
+    sequence_of("GET", addr, n).await
+}
+
+async fn sequence_of(method: &str, addr: SocketAddr, n: usize) -> Vec<String> {
     let mut c = h1(addr).await;
     let mut seen = Vec::with_capacity(n);
     for _ in 0..n {
-        let got = send1(&mut c, request("GET", "/", empty())).await;
+        let got = send1(&mut c, request(method, "/", empty())).await;
         seen.push(if got.status == 200 {
             String::from_utf8_lossy(&got.body).into_owned()
         } else {
@@ -128,7 +132,7 @@ async fn weights_choose_the_same_target_as_nginx_request_for_request() {
         "        server {} weight=5;\n        server {};\n        server {} down;\n        server {};",
         a.addr, b.addr, d.addr, c.addr
     );
-    let (_nginx, nginx, proxy) = both(&upstream).await;
+    let (_nginx, nginx, proxy) = both(&upstream, "").await;
     let want = sequence(nginx, 1000).await;
     let got = sequence(proxy.addr(), 1000).await;
     assert_eq!(want[..7].join(" "), "a a b a c a a", "nginx's own order");
@@ -156,7 +160,7 @@ async fn a_backup_serves_only_when_the_primaries_refuse_as_in_nginx() {
         "        server {};\n        server {};\n        server {} backup;",
         a.addr, b.addr, c.addr
     );
-    let (_nginx, nginx, proxy) = both(&upstream).await;
+    let (_nginx, nginx, proxy) = both(&upstream, "").await;
     let want = sequence(nginx, 20).await;
     let got = sequence(proxy.addr(), 20).await;
     assert_eq!(want, got);
@@ -175,4 +179,64 @@ async fn a_backup_serves_only_when_the_primaries_refuse_as_in_nginx() {
     let got = sequence(proxy.addr(), 10).await;
     assert_eq!(want, vec!["c".to_owned(); 10], "nginx");
     assert_eq!(got, want, "tollgate");
+}
+
+/// A backend that accepts connections and never answers (hung).
+async fn hung() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    addr
+}
+
+/// Two targets, one hung, a 1 s read timeout: nginx answers every GET,
+/// the first after a timeout and a retry on the live target, which then
+/// takes all the traffic for `fail_timeout`; tollgate answers the same
+/// request for request (35 of 40 with 200 and five 504s before). A POST
+/// is not passed on once sent: nginx and tollgate both answer the first
+/// 504, then route the rest around the target marked down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_target_is_routed_around_as_nginx_does() {
+    let live = Named::spawn("b").await;
+    let stuck = hung().await;
+    let upstream = format!("        server {stuck};\n        server {};", live.addr);
+    let (_nginx, nginx, proxy) = both(&upstream, "proxy_read_timeout 1s;").await;
+    let want = sequence(nginx, 40).await;
+    let got = sequence(proxy.addr(), 40).await;
+    assert_eq!(want, vec!["b".to_owned(); 40], "nginx");
+    assert_eq!(got, want, "tollgate");
+
+    let (_nginx, nginx, proxy) = both(&upstream, "proxy_read_timeout 1s;").await;
+    let want = sequence_of("POST", nginx, 5).await;
+    let got = sequence_of("POST", proxy.addr(), 5).await;
+    assert_eq!(want[0], "!504", "nginx: {want:?}");
+    assert_eq!(got, want, "tollgate");
+}
+
+/// `max_fails=2 fail_timeout=2s`: one failure leaves the target in the
+/// rotation, the second marks it down for 2 s; then one request probes
+/// it. Counted the same by nginx and tollgate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_fails_and_fail_timeout_mark_a_target_down_as_nginx_does() {
+    let live = Named::spawn("b").await;
+    let stuck = hung().await;
+    let upstream = format!(
+        "        server {stuck} max_fails=2 fail_timeout=2s;\n        server {};",
+        live.addr
+    );
+    let (_nginx, nginx, proxy) = both(&upstream, "proxy_read_timeout 1s;").await;
+    // Each POST that meets the hung target fails there (not passed on).
+    let want = sequence_of("POST", nginx, 6).await;
+    let got = sequence_of("POST", proxy.addr(), 6).await;
+    assert_eq!(got, want, "tollgate | nginx");
+    assert_eq!(
+        want.iter().filter(|s| *s == "!504").count(),
+        2,
+        "nginx: two failures mark it down: {want:?}"
+    );
 }

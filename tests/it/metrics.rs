@@ -68,10 +68,15 @@ fn promtool_check(exposition: &str) {
 #[tokio::test]
 async fn a_known_mix_is_counted_exactly() {
     let up = Upstream::spawn().await;
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    // Two targets refusing: each failure marks its target down (an
+    // upstream of one target is never marked down, as in nginx).
+    let (dead, dead2) = (closed(), closed());
     let proxy = TestProxy::spawn(&format!(
         "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
 admin: {{ bind: '127.0.0.1:0' }}
@@ -80,7 +85,7 @@ bypass: {{ tokens: ['{TOKEN}'] }}
 zones: [{{ name: slow, rate: 2r/s, burst: 3, delay: 1 }}]
 upstreams:
   api: {{ targets: ['{}'] }}
-  gone: {{ targets: ['{dead}'], connect_timeout: 1s }}
+  gone: {{ targets: ['{dead}', '{dead2}'], connect_timeout: 1s }}
 routes:
   - name: limited
     match: {{ path: /limited }}

@@ -20,7 +20,7 @@ pub struct UpstreamConfig {
     /// HTTP/1.1: idle keep-alive connections kept per target, per worker;
     /// HTTP/2: connections kept per target, per worker.
     pub max_idle_per_target: usize,
-    /// A target that refused a connection is skipped for this long.
+    /// The targets' `fail_timeout` where they give none.
     pub cooldown: Duration,
     pub host_header: HostHeader,
     pub protocol: UpstreamProtocol,
@@ -51,6 +51,11 @@ pub struct Target {
     pub backup: bool,
     /// Takes no requests (nginx `down`).
     pub down: bool,
+    /// Failures within `fail_timeout` that mark it down (0: never).
+    pub max_fails: u32,
+    /// How long those failures add up, and how long it is then down
+    /// (`None`: the upstream's `cooldown`).
+    pub fail_timeout: Option<Duration>,
 }
 
 pub struct UpstreamTls {

@@ -1,5 +1,6 @@
 //! An `upstream {}` block -> an upstream: each `server` a target, its
-//! `weight`, `backup` and `down` a target map; what changes which target
+//! `weight`, `backup`, `down`, `max_fails` and `fail_timeout` a target
+//! map; what changes which target
 //! serves a request and is not translated is a NOT EQUIVALENT note.
 
 use super::{Out, Severity, Upstream};
@@ -39,9 +40,10 @@ pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
                         "weight" => map.weight = Some(Text(value.to_owned())),
                         "backup" => map.backup = Some(true),
                         "down" => map.down = Some(true),
+                        "max_fails" => map.max_fails = Some(Text(value.to_owned())),
+                        "fail_timeout" => map.fail_timeout = Some(super::duration(value)),
                         _ => {
                             let why = match what {
-                                "max_fails" | "fail_timeout" => "a target that refused a connection is put in cool-down (upstreams.<name>.cooldown) instead; failures are not counted",
                                 "max_conns" => "requests in flight per target are not capped",
                                 _ => "not translated",
                             };
@@ -53,7 +55,11 @@ pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
                         }
                     }
                 }
-                let plain = map.weight.is_none() && map.backup.is_none() && map.down.is_none();
+                let plain = map
+                    == RawTargetMap {
+                        address: map.address.clone(),
+                        ..RawTargetMap::default()
+                    };
                 u.targets.push(if plain {
                     RawTarget::Address(map.address)
                 } else {

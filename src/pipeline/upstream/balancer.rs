@@ -82,6 +82,8 @@ mod tests {
                 weight,
                 backup,
                 down,
+                max_fails: 1,
+                fail_timeout: None,
             })
             .collect()
     }

@@ -1,8 +1,8 @@
 //! The upstream stage: picks a target (nginx's smooth weighted round
 //! robin, `balancer`: backups only when no primary can take it, never a
-//! target marked down, skipping targets in cool-down after a failed
-//! connect), takes a pooled keep-alive connection or
-//! opens one (TCP, optionally TLS), and sends the request over HTTP/1.1.
+//! target marked `down` or marked down by its failures, `health`), takes a
+//! pooled keep-alive connection or opens one (TCP, optionally TLS), and
+//! sends the request over HTTP/1.1 or HTTP/2.
 //!
 //! Retries never replay a body that may have reached the upstream:
 //! - a failed connect moves on to the next target (nothing was sent);
@@ -10,13 +10,19 @@
 //!   was written is retried once on a fresh connection;
 //! - an idempotent, bodiless request whose pooled connection died before
 //!   any response byte is retried once on a fresh connection (the race with
-//!   an upstream closing an idle keep-alive connection).
+//!   an upstream closing an idle keep-alive connection);
+//! - an idempotent, bodiless request that timed out or lost its connection
+//!   on a target goes on to the next one (nginx's default
+//!   `proxy_next_upstream error timeout`); any other is answered 504 or
+//!   502 from the target that failed it.
 //!
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
 mod balancer;
 pub(crate) mod h1;
 pub(crate) mod h2;
+mod h2_attempt;
+mod health;
 mod held;
 mod io;
 pub(crate) mod pool;
@@ -34,7 +40,9 @@ use tokio_rustls::TlsConnector;
 
 use self::balancer::Balancer;
 use self::h1::{Conn, Io, SendError};
-use self::h2::{H2Pool, SendFailure};
+use self::h2::H2Pool;
+use self::h2_attempt::H2Sent;
+use self::health::Health;
 use self::pool::Pool;
 use super::body::{HeadLines, RequestBody, RequestBodyError};
 use super::conn::ConnState;
@@ -66,7 +74,6 @@ pub struct Upstream {
     connect_timeout: Duration,
     /// Time for the response head; also the body's idle timeout.
     pub timeout: Duration,
-    cooldown: Duration,
     pub host_header: HostHeader,
     protocol: UpstreamProtocol,
     tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
@@ -94,8 +101,8 @@ struct TargetState {
     h2: Option<H2Pool>,
     /// `auto` over TLS: what the target chose when offered both (`ALPN_*`).
     alpn: AtomicU8,
-    /// Milliseconds since `epoch` until which this target is skipped.
-    down_until_ms: AtomicU64,
+    /// Failures counted, and whether it is marked down (ms since `epoch`).
+    health: Health,
     /// For metrics: responses, errors, timeouts, retries, cool-downs.
     stats: [AtomicU64; 5],
 }
@@ -128,7 +135,10 @@ impl Upstream {
                     H2Pool::new(cfg.max_idle_per_target, cfg.max_streams, cfg.idle_timeout)
                 }),
                 alpn: AtomicU8::new(ALPN_UNKNOWN),
-                down_until_ms: AtomicU64::new(0),
+                health: Health::new(
+                    t.max_fails,
+                    t.fail_timeout.unwrap_or(cfg.cooldown).as_millis() as u64,
+                ),
                 stats: Default::default(),
             })
             .collect();
@@ -138,7 +148,6 @@ impl Upstream {
             balancer: Balancer::new(&cfg.targets),
             connect_timeout: cfg.connect_timeout,
             timeout: cfg.timeout,
-            cooldown: cfg.cooldown,
             host_header: cfg.host_header.clone(),
             protocol: cfg.protocol,
             tls: cfg
@@ -210,6 +219,9 @@ impl Upstream {
         let n = self.targets.len();
         // Written only when a connect fails: nothing allocated per request.
         let mut last_connect_error = None;
+        // The last target's failure after the request was sent, answered
+        // when no target is left.
+        let mut last_error: Option<ProxyError> = None;
         // Targets already tried for this request (the first 64 are tracked;
         // past them the attempts are bounded by the number of targets).
         let mut tried: u64 = 0;
@@ -220,16 +232,15 @@ impl Upstream {
             for _ in 0..n {
                 let usable = |idx: usize| {
                     // The attempt's time in ms is worked out only for a
-                    // target with a cool-down deadline (0 while it is up:
-                    // most requests meet none).
-                    let until = self.targets[idx].down_until_ms.load(Ordering::Relaxed);
-                    let cooling = until != 0 && until > self.ms_at(sending);
-                    cooling == (pass == 1) && !(idx < 64 && tried & (1 << idx) != 0)
+                    // target marked down (most requests meet none).
+                    let down = self.targets[idx].health.down(|| self.ms_at(sending));
+                    down == (pass == 1) && !(idx < 64 && tried & (1 << idx) != 0)
                 };
                 let Some(idx) = self.balancer.pick(usable) else {
                     break;
                 };
                 let target = &self.targets[idx];
+                target.health.picked(self.ms_at(sending));
                 if idx < 64 {
                     tried |= 1 << idx;
                 }
@@ -237,7 +248,22 @@ impl Upstream {
                 if self.speaks_h2(target) {
                     let sent = self.send_h2(target, head, &mut body, (added, call), sending, held);
                     match sent.await {
-                        H2Sent::Done(answer) => return answer,
+                        H2Sent::Done(Ok(answer)) => {
+                            target.health.succeeded();
+                            return Ok(answer);
+                        }
+                        H2Sent::Done(Err(e)) if !targets_fault(&e) => return Err(e),
+                        H2Sent::Done(Err(e)) => {
+                            self.failed(target, &e);
+                            if !replayable {
+                                return Err(e);
+                            }
+                            // nginx's `proxy_next_upstream error timeout`:
+                            // an idempotent request without a body goes on
+                            // to the next target.
+                            last_error = Some(e);
+                            continue;
+                        }
                         H2Sent::Down(e) => {
                             last_connect_error = Some(self.cool_down(target, e));
                             continue;
@@ -258,10 +284,7 @@ impl Upstream {
                     let conn = match idle {
                         Some(c) => c,
                         None => match self.connect(target).await {
-                            Ok(c) => {
-                                target.down_until_ms.store(0, Ordering::Relaxed);
-                                c
-                            }
+                            Ok(c) => c,
                             Err(e) => {
                                 last_connect_error = Some(self.cool_down(target, e));
                                 break;
@@ -290,9 +313,21 @@ impl Upstream {
                         call.head_timeout(self.timeout),
                     );
                     match held::run(exchange, held.map(|c| c.hold_upstream_slot())).await {
-                        Err(SendError::Timeout) => return Err(self.timed_out(target, call)),
+                        Err(SendError::Timeout) => {
+                            let e = self.timed_out(target, call);
+                            self.failed(target, &e);
+                            if !replayable {
+                                return Err(e);
+                            }
+                            // nginx's `proxy_next_upstream timeout`: an
+                            // idempotent request without a body goes on to
+                            // the next target.
+                            last_error = Some(e);
+                            break;
+                        }
                         Ok(answer) => {
                             target.stats[OK].fetch_add(1, Ordering::Relaxed);
+                            target.health.succeeded();
                             self.duration.observe(self.clock.now() - sending);
                             return Ok(answer);
                         }
@@ -315,11 +350,24 @@ impl Upstream {
                         }
                         Err(e) => {
                             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
-                            return Err(self.failed(e));
+                            let retry = replayable && matches!(e, SendError::Io { .. });
+                            let e = self.send_failed(e);
+                            self.failed(target, &e);
+                            if !retry {
+                                return Err(e);
+                            }
+                            // `proxy_next_upstream error`: the connection
+                            // failed; an idempotent request without a body
+                            // goes on to the next target.
+                            last_error = Some(e);
+                            break;
                         }
                     }
                 }
             }
+        }
+        if let Some(e) = last_error {
+            return Err(e);
         }
         Err(ProxyError::UpstreamUnreachable {
             upstream: self.name.to_string(),
@@ -345,133 +393,26 @@ impl Upstream {
         }
     }
 
-    /// Sends the request over HTTP/2: on a kept connection with room, else
-    /// on a new one. A request the kept connection never sent (it was
-    /// closing) goes once more on a new connection; nothing that may have
-    /// reached the upstream is sent twice.
-    async fn send_h2(
-        &self,
-        target: &TargetState,
-        head: &Request<()>,
-        body: &mut Option<RequestBody>,
-        (added, call): (&[(HeaderName, HeaderValue)], Call),
-        sending: Instant,
-        held: Option<&Arc<ConnState>>,
-    ) -> H2Sent {
-        let Some(pool) = target.h2.as_ref() else {
-            return H2Sent::Http1;
-        };
-        let until = tokio::time::Instant::now() + call.head_timeout(self.timeout);
-        let mut taken = pool.take(sending);
-        let mut retried = false;
-        let mut unsent = None;
-        let mut body_failed = None;
-        loop {
-            let mut opening = None;
-            if taken.is_none() {
-                // One connection opened at a time per worker: the requests
-                // that queued behind it share it.
-                let guard = pool.opening().await;
-                if !retried {
-                    taken = pool.take(sending);
-                }
-                if taken.is_none() {
-                    opening = Some(guard);
-                }
-            }
-            let new = taken.is_none();
-            let (conn, stream) = match taken.take() {
-                Some(kept) => kept,
-                None => match self.connect(target).await {
-                    Err(e) => return H2Sent::Down(e),
-                    Ok(c) if self.protocol == UpstreamProtocol::Auto && !h2::negotiated(&c.io) => {
-                        target.alpn.store(ALPN_H1, Ordering::Relaxed);
-                        target.pool.put(c, sending);
-                        return H2Sent::Http1;
-                    }
-                    Ok(c) => {
-                        target.alpn.store(ALPN_H2, Ordering::Relaxed);
-                        let handshake =
-                            tokio::time::timeout(self.connect_timeout, h2::handshake(c.io));
-                        match handshake.await {
-                            Ok(Ok(send)) => {
-                                let kept = pool.put(send, sending);
-                                drop(opening);
-                                kept
-                            }
-                            Ok(Err(e)) => return H2Sent::Down(e),
-                            Err(_) => return H2Sent::Down("HTTP/2 handshake timed out".into()),
-                        }
-                    }
-                },
-            };
-            let req = match unsent.take() {
-                Some(req) => req,
-                None => {
-                    let mut body = body.take().unwrap_or_else(RequestBody::empty);
-                    // hyper's HTTP/2 client answers a body that failed
-                    // with the stream's reset only: the note keeps why.
-                    if !http_body::Body::is_end_stream(&body) {
-                        body_failed = Some(body.note_failure());
-                    }
-                    let built = h2::request(
-                        head,
-                        added,
-                        self.tls.is_some(),
-                        &target.authority,
-                        call.trailers,
-                        body,
-                    );
-                    match built {
-                        Ok(req) => req,
-                        Err(e) => return H2Sent::Done(Err(ProxyError::BadRequest(e))),
-                    }
-                }
-            };
-            let sent = h2::send(conn, req, until);
-            let failure = match held::run(sent, held.map(|c| c.hold_upstream_slot())).await {
-                Ok(response) => {
-                    target.stats[OK].fetch_add(1, Ordering::Relaxed);
-                    self.duration.observe(self.clock.now() - sending);
-                    return H2Sent::Done(Ok(Answer::H2(response, stream)));
-                }
-                Err(SendFailure::Unsent(req, e)) if !new && !retried => {
-                    tracing::debug!(upstream = %self.name, target = %target.authority, error = %e, "HTTP/2 connection closing; sending on a fresh one");
-                    target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
-                    unsent = Some(*req);
-                    retried = true;
-                    continue;
-                }
-                Err(SendFailure::Timeout) => {
-                    return H2Sent::Done(Err(self.timed_out(target, call)))
-                }
-                Err(SendFailure::Unsent(_, e) | SendFailure::Failed(e)) => e,
-            };
-            let cause = std::error::Error::source(&failure);
-            if let Some(e) = cause.and_then(|c| c.downcast_ref::<RequestBodyError>()) {
-                return H2Sent::Done(Err(body_error(e)));
-            }
-            if let Some(e) = body_failed.as_ref().and_then(|n| n.take()) {
-                return H2Sent::Done(Err(e));
-            }
-            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
-            return H2Sent::Done(Err(ProxyError::UpstreamFailed {
-                upstream: self.name.to_string(),
-                reason: format!("HTTP/2: {failure}"),
-            }));
-        }
+    /// A target refused a connection (or its handshake failed): a failure
+    /// ([`health`]); the reason, for the answer if no target is left.
+    fn cool_down(&self, target: &TargetState, e: String) -> String {
+        let reason = format!("{}: {e}", target.authority);
+        self.count_failure(target, &reason);
+        reason
     }
 
-    /// Puts a target that refused a connection in cool-down: the reason,
-    /// for the answer if no target is left.
-    fn cool_down(&self, target: &TargetState, e: String) -> String {
-        target.down_until_ms.store(
-            self.ms_at(self.clock.now()) + self.cooldown.as_millis() as u64,
-            Ordering::Relaxed,
-        );
-        target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(upstream = %self.name, target = %target.authority, error = %e, "connect failed; target cooling down");
-        format!("{}: {e}", target.authority)
+    /// A target failed after the request was sent (timed out, lost the
+    /// connection, answered what is not HTTP): a failure ([`health`]).
+    fn failed(&self, target: &TargetState, e: &ProxyError) {
+        self.count_failure(target, &e.to_string());
+    }
+
+    fn count_failure(&self, target: &TargetState, why: &str) {
+        let alone = self.targets.len() == 1;
+        if target.health.failed(self.ms_at(self.clock.now()), alone) {
+            target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(upstream = %self.name, target = %target.authority, error = %why, "target failed; marked down for its fail_timeout");
+        }
     }
 
     fn timed_out(&self, target: &TargetState, call: Call) -> ProxyError {
@@ -532,7 +473,7 @@ impl Upstream {
         }
     }
 
-    fn failed(&self, err: SendError) -> ProxyError {
+    fn send_failed(&self, err: SendError) -> ProxyError {
         ProxyError::UpstreamFailed {
             upstream: self.name.to_string(),
             reason: err.to_string(),
@@ -560,13 +501,13 @@ impl Call {
     }
 }
 
-/// How an HTTP/2 attempt at one target ended.
-enum H2Sent {
-    Done(Result<Answer, ProxyError>),
-    /// It could not be reached (the target cools down).
-    Down(String),
-    /// `auto`: it speaks HTTP/1.1.
-    Http1,
+/// Whether `e` is the target's failure (nginx's `error` or `timeout`),
+/// not the client's own doing (its body too large, cut off, too slow).
+fn targets_fault(e: &ProxyError) -> bool {
+    matches!(
+        e,
+        ProxyError::UpstreamTimeout { .. } | ProxyError::UpstreamFailed { .. }
+    )
 }
 
 /// A client body that failed on its way upstream, as the client's error.
