@@ -410,6 +410,40 @@ impl Pipeline {
         cx: &mut Ctx<'p>,
         logged: Option<StatusCode>,
     ) -> Result<Reply, Stop> {
+        self.check_request(req)?;
+        let found = self.find_route(req, cx);
+        let (path, headers, ip) = (req.uri().path(), req.headers(), cx.client.client.ip);
+        cx.bypass = bypass::check(&self.bypass, cx.route, path, headers, ip);
+        if cx.bypass.is_some() {
+            cx.end.set_rate_limit(|| "bypass".to_owned());
+        }
+        let (zones, client_ip) = (self.zones.configs(), &self.client_ip);
+        penalty::check(&self.engine, zones, cx, headers, client_ip, false)?;
+        // Decide the zones on their own when a later stage may refuse the
+        // request or check a signature; else with the route limits.
+        let early = self.identity.has_token(headers) || webhook::refuses(cx.route, ip);
+        self.zones
+            .count(&self.engine, cx, headers, client_ip, early)
+            .await?;
+        let verified = self.identity.identify(headers, cx.client.peer_trusted)?;
+        self.identified(cx, verified);
+        webhook::check_source(cx.route, ip)?;
+        limits::decide(&self.engine, &self.zones, cx, headers, client_ip).await?;
+        let route = route::required(found, req.method(), req.uri().path())?;
+        let mut resp = self.answer(req, body, conn, cx, route, logged).await?;
+        self.settle(cx, route, Some(settle::Head::of(&resp))).await;
+        if !cx.deferred.is_empty() {
+            let status = resp.status().as_u16();
+            decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
+        }
+        response::limit_headers(&mut resp, cx.route, &cx.applied);
+        Ok(resp)
+    }
+
+    /// What is refused before any stage: too many or too large headers, a
+    /// coding tollgate cannot frame, gRPC over HTTP/1.x, a path or Host
+    /// that cannot be made canonical (the path normalised in place).
+    fn check_request(&self, req: &mut Request<()>) -> Result<(), ProxyError> {
         self.check_headers(req.headers())?;
         // gRPC is HTTP/2 only (its trailers, its streams): one sent over
         // HTTP/1.x is refused before it meets a limit or an upstream.
@@ -417,36 +451,26 @@ impl Pipeline {
             && req.version() < http::Version::HTTP_2
             && response::grpc::is_grpc(req.headers())
         {
-            Err(ProxyError::GrpcNeedsHttp2)?;
+            return Err(ProxyError::GrpcNeedsHttp2);
         }
         normalize_path(req)?;
-        host::resolve(req)?;
+        host::resolve(req)
+    }
+
+    /// The route of `req`, noted in `cx` when one matches.
+    fn find_route<'p>(&'p self, req: &Request<()>, cx: &mut Ctx<'p>) -> RouteMatch<'p> {
         let host = host::for_routing(req.headers());
         let found = route::find(&self.routes, host, req.uri().path(), req.method());
         if let RouteMatch::Found(r) = found {
             cx.route = Some(r);
             cx.end.set_route(r);
         }
-        let (path, headers, ip) = (req.uri().path(), req.headers(), cx.client.client.ip);
-        cx.bypass = bypass::check(&self.bypass, cx.route, path, headers, ip);
-        if cx.bypass.is_some() {
-            cx.end.set_rate_limit(|| "bypass".to_owned());
-        }
-        penalty::check(
-            &self.engine,
-            self.zones.configs(),
-            cx,
-            headers,
-            &self.client_ip,
-            false,
-        )?;
-        // Decide the zones on their own when a later stage may refuse the
-        // request or check a signature; else with the route limits.
-        let early = self.identity.has_token(headers) || webhook::refuses(cx.route, ip);
-        self.zones
-            .count(&self.engine, cx, headers, &self.client_ip, early)
-            .await?;
-        let verified = self.identity.identify(headers, cx.client.peer_trusted)?;
+        found
+    }
+
+    /// Who the identity stage found, kept for the later stages, the access
+    /// log and the metrics.
+    fn identified(&self, cx: &mut Ctx<'_>, verified: identity::Verified) {
         cx.identity = verified.identity;
         // (kept only when a limit reads a cost from a claim)
         cx.claims = verified.claims.map(Box::new);
@@ -459,60 +483,40 @@ impl Pipeline {
             self.metrics.plan_request(plan);
             cx.end.set_plan(|| self.metrics.plan_name(Some(plan)));
         }
-        webhook::check_source(cx.route, ip)?;
-        limits::decide(&self.engine, &self.zones, cx, headers, &self.client_ip).await?;
-        let route = match found {
-            RouteMatch::Found(r) => r,
-            RouteMatch::MethodNotAllowed(allow) => Err(ProxyError::MethodNotAllowed {
-                method: req.method().to_string(),
-                path: req.uri().path().to_owned(),
-                allow,
-            })?,
-            RouteMatch::NotFound => Err(ProxyError::NoRoute {
-                method: req.method().to_string(),
-                path: req.uri().path().to_owned(),
-            })?,
+    }
+
+    /// The admitted request's answer: the route's own, the upstream's, or
+    /// (a replay) the status the log holds. A forward that fails settles
+    /// its reservations as failed.
+    async fn answer<'p>(
+        &'p self,
+        req: &mut Request<()>,
+        body: &mut Option<ClientBody>,
+        conn: &ConnInfo,
+        cx: &mut Ctx<'p>,
+        route: &'p RouteConfig,
+        logged: Option<StatusCode>,
+    ) -> Result<Reply, Stop> {
+        let i = match (&route.action, logged) {
+            (RouteAction::Respond(r), _) => {
+                return Ok(Box::new(response::respond(r, req.method())));
+            }
+            // A replay: what was forwarded is answered as it was.
+            (RouteAction::Forward(_), Some(status)) => {
+                let mut resp = Box::new(Response::new(ProxyBody::empty()));
+                *resp.status_mut() = status;
+                return Ok(resp);
+            }
+            (RouteAction::Forward(i), None) => *i,
         };
-        let mut resp = match &route.action {
-            RouteAction::Respond(r) => Box::new(response::respond(r, req.method())),
-            RouteAction::Forward(i) => match logged {
-                // A replay: what was forwarded is answered as it was.
-                Some(status) => {
-                    let mut resp = Box::new(Response::new(ProxyBody::empty()));
-                    *resp.status_mut() = status;
-                    resp
-                }
-                None => {
-                    let upstream = &self.upstreams[*i];
-                    cx.end.set_upstream(&upstream.name);
-                    let forwarded = proxy::forward(
-                        cx,
-                        req,
-                        body,
-                        conn,
-                        upstream,
-                        route,
-                        self.body_read_timeout,
-                    )
-                    .await;
-                    if forwarded.is_err() {
-                        self.settle(cx, route, None).await;
-                    }
-                    forwarded?
-                }
-            },
-        };
-        let head = settle::Head {
-            headers: resp.headers(),
-            lines: &resp.body().lines().lines,
-        };
-        self.settle(cx, route, Some(head)).await;
-        if !cx.deferred.is_empty() {
-            let status = resp.status().as_u16();
-            decide::charge_outcome(&self.engine, route, &cx.deferred, status).await;
+        let upstream = &self.upstreams[i];
+        cx.end.set_upstream(&upstream.name);
+        let timeout = self.body_read_timeout;
+        let forwarded = proxy::forward(cx, req, body, conn, upstream, route, timeout).await;
+        if forwarded.is_err() {
+            self.settle(cx, route, None).await;
         }
-        response::limit_headers(&mut resp, cx.route, &cx.applied);
-        Ok(resp)
+        Ok(forwarded?)
     }
 
     fn check_headers(&self, headers: &HeaderMap) -> Result<(), ProxyError> {

@@ -6,6 +6,7 @@
 use http::Method;
 
 use crate::config::{HostMatch, PathMatch, RouteConfig};
+use crate::error::ProxyError;
 
 #[derive(Debug)]
 pub enum RouteMatch<'a> {
@@ -13,6 +14,27 @@ pub enum RouteMatch<'a> {
     /// Some route has this host and path, but not this method.
     MethodNotAllowed(String),
     NotFound,
+}
+
+/// The route a request needs past the limits: a 405 naming the methods
+/// that path takes, or a 404, when there is none.
+pub fn required<'a>(
+    found: RouteMatch<'a>,
+    method: &Method,
+    path: &str,
+) -> Result<&'a RouteConfig, ProxyError> {
+    match found {
+        RouteMatch::Found(r) => Ok(r),
+        RouteMatch::MethodNotAllowed(allow) => Err(ProxyError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_owned(),
+            allow,
+        }),
+        RouteMatch::NotFound => Err(ProxyError::NoRoute {
+            method: method.to_string(),
+            path: path.to_owned(),
+        }),
+    }
 }
 
 /// `host` is the request's host without port, any case.

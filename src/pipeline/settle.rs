@@ -83,7 +83,15 @@ pub struct Head<'a> {
     pub lines: &'a [u8],
 }
 
-impl Head<'_> {
+impl<'a> Head<'a> {
+    /// The head of a response on its way to the client.
+    pub fn of(resp: &'a http::Response<super::body::ProxyBody>) -> Self {
+        Head {
+            headers: resp.headers(),
+            lines: &resp.body().lines().lines,
+        }
+    }
+
     /// The cost the field `name` reports, from the map or else the lines
     /// (the first of either).
     fn reported(&self, name: &http::HeaderName) -> Reported {
