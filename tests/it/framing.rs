@@ -166,9 +166,12 @@ async fn read_response(s: &mut TcpStream) -> String {
 
 /// Forwards everything to `up`, one request per client an hour; `server`
 /// is a `server:` section (or nothing).
+/// One request an hour per address, counted from the first (a sliding log:
+/// a fixed window would admit a second request when a test runs across
+/// the hour, as one did at 08:00:00).
 async fn one_request_an_hour(up: &Upstream, server: &str) -> TestProxy {
     TestProxy::spawn(&config(&format!(
-        "{server}upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: fixed_window, key: ip, limit: 1, window: 1h }}]\n",
+        "{server}upstreams:\n  api: {{ targets: ['{}'] }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: api\n    limits: [{{ name: one, algorithm: sliding_log, key: ip, limit: 1, window: 1h }}]\n",
         up.addr
     )))
     .await
