@@ -495,10 +495,10 @@ struct Attack {
 /// complete GETs, then on each stream a second HEADERS block, which
 /// tollgate must answer with RST_STREAM, for at most 6 s or until the
 /// connection is gone; a polite client on another connection all along.
-async fn made_you_reset(backend: &Working, server: &str, per_round: u32) -> Attack {
+async fn made_you_reset(backend: &Working, server: &str, per_round: u32, protocol: &str) -> Attack {
     let tg = crate::common::process::Running::start(&format!(
         "server: {{ {server} }}
-upstreams:\n  api: {{ targets: ['{}'], timeout: 5s }}
+upstreams:\n  api: {{ targets: ['{}'], timeout: 5s, protocol: {protocol} }}
 routes:\n  - {{ match: {{ path_prefix: / }}, upstream: api }}\n",
         backend.addr
     ));
@@ -576,32 +576,43 @@ fn series(metrics: &str, side: &str, code: &str, what: &str) -> f64 {
 /// whose limit was 128.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_you_reset_never_puts_more_work_on_the_backend_than_the_stream_limit() {
-    let backend = Working::spawn(Duration::from_millis(400)).await;
-    let got = made_you_reset(&backend, "h2_max_concurrent_streams: 16", 16).await;
-    let most = backend.most.load(Ordering::SeqCst);
-    let started = backend.started.load(Ordering::SeqCst);
-    // (the polite client's one request at a time may add one)
-    assert!(
-        most <= 16 + 1,
-        "the backend worked on {most} at once ({started} started of {} streams)",
-        got.opened
-    );
-    assert!(
-        got.seen.refused > 0,
-        "new streams were refused: {:?}",
-        got.seen
-    );
-    assert!(got.seen.goaway && got.seen.closed, "{:?}", got.seen);
-    assert!(got.served > 0, "the polite client was served");
-    // Counted by side and code.
-    let m = &got.metrics;
-    assert!(
-        series(m, "tollgate", "refused_stream", "resets") > 0.0,
-        "{m}"
-    );
-    let broke = series(m, "tollgate", "protocol_error", "resets")
-        + series(m, "tollgate", "stream_closed", "resets");
-    assert!(broke >= 16.0, "{m}");
+    // The backend over HTTP/1.1 (a connection per request in flight) and
+    // over HTTP/2 (streams on shared connections).
+    for protocol in ["http1", "h2"] {
+        let backend = Working::spawn(Duration::from_millis(400)).await;
+        let got = made_you_reset(&backend, "h2_max_concurrent_streams: 16", 16, protocol).await;
+        let most = backend.most.load(Ordering::SeqCst);
+        let started = backend.started.load(Ordering::SeqCst);
+        // (the polite client's one request at a time may add one)
+        assert!(
+            most <= 16 + 1,
+            "over {protocol}: the backend worked on {most} at once ({started} started of {} streams)",
+            got.opened
+        );
+        assert!(
+            got.seen.refused > 0,
+            "over {protocol}: new streams were refused: {:?}",
+            got.seen
+        );
+        assert!(
+            got.seen.goaway && got.seen.closed,
+            "over {protocol}: {:?}",
+            got.seen
+        );
+        assert!(
+            got.served > 0,
+            "over {protocol}: the polite client was served"
+        );
+        // Counted by side and code.
+        let m = &got.metrics;
+        assert!(
+            series(m, "tollgate", "refused_stream", "resets") > 0.0,
+            "{m}"
+        );
+        let broke = series(m, "tollgate", "protocol_error", "resets")
+            + series(m, "tollgate", "stream_closed", "resets");
+        assert!(broke >= 16.0, "{m}");
+    }
 }
 
 /// Streams tollgate resets for a client's errors end the connection at
@@ -611,7 +622,7 @@ async fn made_you_reset_never_puts_more_work_on_the_backend_than_the_stream_limi
 async fn the_reset_cap_ends_the_connection_with_enhance_your_calm() {
     let backend = Working::spawn(Duration::from_millis(400)).await;
     let server = "h2_max_concurrent_streams: 100, h2_max_reset_streams: 40";
-    let got = made_you_reset(&backend, server, 10).await;
+    let got = made_you_reset(&backend, server, 10, "http1").await;
     let most = backend.most.load(Ordering::SeqCst);
     assert!(most <= 100 + 1, "{most}");
     assert!(got.seen.goaway && got.seen.closed, "{:?}", got.seen);

@@ -39,13 +39,13 @@ impl Health {
         until != 0 && until > now_ms()
     }
 
-    /// It was picked at `now`: a target whose time down has passed takes
-    /// this one request as its probe, and is skipped by the others until
-    /// the probe ends.
-    pub fn picked(&self, now_ms: u64) {
+    /// It was picked (at `now`, read only for a target with failures): a
+    /// target whose time down has passed takes this one request as its
+    /// probe, and is skipped by the others until the probe ends.
+    pub fn picked(&self, now_ms: impl FnOnce() -> u64) {
         if self.max_fails != 0 && self.fails.load(Ordering::Relaxed) >= self.max_fails {
             self.down_until_ms
-                .store(now_ms + self.fail_timeout_ms, Ordering::Relaxed);
+                .store(now_ms() + self.fail_timeout_ms, Ordering::Relaxed);
         }
     }
 
@@ -97,12 +97,12 @@ mod tests {
         assert!(h.failed(1500, false));
         assert!(h.down(|| 3000) && !h.down(|| 3501));
         // The probe: picked, the others skip it; it fails, down again.
-        h.picked(3600);
+        h.picked(|| 3600);
         assert!(h.down(|| 3700));
         assert!(h.failed(3800, false));
         assert!(h.down(|| 5000));
         // A probe that is answered brings it back.
-        h.picked(6000);
+        h.picked(|| 6000);
         h.succeeded();
         assert!(!h.down(|| 6001));
         // Failures further apart than fail_timeout never add up.

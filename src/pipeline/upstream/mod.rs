@@ -240,7 +240,7 @@ impl Upstream {
                     break;
                 };
                 let target = &self.targets[idx];
-                target.health.picked(self.ms_at(sending));
+                target.health.picked(|| self.ms_at(sending));
                 if idx < 64 {
                     tried |= 1 << idx;
                 }
@@ -254,14 +254,7 @@ impl Upstream {
                         }
                         H2Sent::Done(Err(e)) if !targets_fault(&e) => return Err(e),
                         H2Sent::Done(Err(e)) => {
-                            self.failed(target, &e);
-                            if !replayable {
-                                return Err(e);
-                            }
-                            // nginx's `proxy_next_upstream error timeout`:
-                            // an idempotent request without a body goes on
-                            // to the next target.
-                            last_error = Some(e);
+                            last_error = Some(self.fail_over(target, e, replayable)?);
                             continue;
                         }
                         H2Sent::Down(e) => {
@@ -315,14 +308,7 @@ impl Upstream {
                     match held::run(exchange, held.map(|c| c.hold_upstream_slot())).await {
                         Err(SendError::Timeout) => {
                             let e = self.timed_out(target, call);
-                            self.failed(target, &e);
-                            if !replayable {
-                                return Err(e);
-                            }
-                            // nginx's `proxy_next_upstream timeout`: an
-                            // idempotent request without a body goes on to
-                            // the next target.
-                            last_error = Some(e);
+                            last_error = Some(self.fail_over(target, e, replayable)?);
                             break;
                         }
                         Ok(answer) => {
@@ -350,16 +336,10 @@ impl Upstream {
                         }
                         Err(e) => {
                             target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
+                            // (an answer that is not HTTP is not passed on)
                             let retry = replayable && matches!(e, SendError::Io { .. });
                             let e = self.send_failed(e);
-                            self.failed(target, &e);
-                            if !retry {
-                                return Err(e);
-                            }
-                            // `proxy_next_upstream error`: the connection
-                            // failed; an idempotent request without a body
-                            // goes on to the next target.
-                            last_error = Some(e);
+                            last_error = Some(self.fail_over(target, e, retry)?);
                             break;
                         }
                     }
@@ -403,11 +383,25 @@ impl Upstream {
 
     /// A target failed after the request was sent (timed out, lost the
     /// connection, answered what is not HTTP): a failure ([`health`]).
-    fn failed(&self, target: &TargetState, e: &ProxyError) {
-        self.count_failure(target, &e.to_string());
+    /// `Ok(e)` when the request may go on to the next target (nginx's
+    /// `proxy_next_upstream error timeout`: `replayable`, an idempotent
+    /// request without a body), `e` to answer if none is left; `Err(e)`
+    /// when it may not.
+    fn fail_over(
+        &self,
+        target: &TargetState,
+        e: ProxyError,
+        replayable: bool,
+    ) -> Result<ProxyError, ProxyError> {
+        self.count_failure(target, &e);
+        if replayable {
+            Ok(e)
+        } else {
+            Err(e)
+        }
     }
 
-    fn count_failure(&self, target: &TargetState, why: &str) {
+    fn count_failure(&self, target: &TargetState, why: &dyn std::fmt::Display) {
         let alone = self.targets.len() == 1;
         if target.health.failed(self.ms_at(self.clock.now()), alone) {
             target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
