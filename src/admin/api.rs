@@ -525,10 +525,7 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
         .map(|u| {
             json!({
                 "name": &*u.name,
-                "targets": u.targets.iter().map(|(t, n)| json!({
-                    "target": &**t, "responses": n[0], "errors": n[1], "timeouts": n[2],
-                    "retries": n[3], "cooldowns": n[4],
-                })).collect::<Vec<_>>(),
+                "targets": u.targets.iter().map(super::upstreams::target_json).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -9,7 +9,8 @@
 //! - `/metrics` serves the Prometheus exposition (OpenMetrics when the
 //!   scraper asks for `application/openmetrics-text`); see `crate::metrics`.
 //! - `/api/*` is the JSON API an operator answers tickets with ([`api`]):
-//!   the limits, one key's state, its reset, the top offenders.
+//!   the limits, one key's state, its reset, the top offenders, the
+//!   upstreams' targets and their drain ([`upstreams`]).
 //! - `/dashboard` is one self-contained page drawn from `/api/overview`
 //!   ([`dashboard`]).
 //!
@@ -23,6 +24,7 @@ mod dashboard;
 pub(crate) mod keys;
 mod overrides;
 pub(crate) mod report;
+mod upstreams;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -236,11 +238,25 @@ async fn answer(
                 ),
             })
         }
+        (&Method::GET, "/api/upstreams") => json(upstreams::list(&pipeline)),
+        (m, p) if p.starts_with("/api/upstreams/") => {
+            let rest = &p["/api/upstreams/".len()..];
+            json(match *m {
+                Method::PUT => match body(req).await {
+                    Ok(body) => upstreams::put(rest, &body, &pipeline, &caller),
+                    Err(reply) => reply,
+                },
+                _ => problem(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "/api/upstreams/<upstream>/<target> takes PUT with {\"down\": true|false}",
+                ),
+            })
+        }
         (_, p) if p.starts_with("/api/bans/") => json(problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "/api/bans/<limit>/<key> takes DELETE (lift the ban)",
         )),
-        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview" | "/api/overrides" | "/api/bans") => {
+        (_, "/healthz" | "/readyz" | "/dashboard" | "/api/top" | "/api/limits" | "/api/overview" | "/api/overrides" | "/api/bans" | "/api/upstreams") => {
             json(problem(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes GET")))
         }
         (_, "/api/reload") => json(problem(StatusCode::METHOD_NOT_ALLOWED, "/api/reload takes POST")),

@@ -81,7 +81,7 @@ impl Pipeline {
             .upstreams_report()
             .into_iter()
             .flat_map(|u| u.targets)
-            .map(|(_, t)| t[1] + t[2])
+            .map(|t| t.failures.iter().sum::<u64>())
             .sum();
         self.metrics.sample(at_ms, upstream_errors)
     }

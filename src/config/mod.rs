@@ -6,6 +6,7 @@
 //! check` is one edit-and-retry loop, not one per mistake.
 
 pub(crate) mod alerts;
+pub(crate) mod balance;
 pub(crate) mod checker;
 pub(crate) mod client;
 pub(crate) mod compiled;

@@ -230,6 +230,21 @@ pub struct RawUpstream {
     /// `http1` (default), `h2` or `auto`.
     pub protocol: Option<String>,
     pub max_streams_per_connection: Option<Text>,
+    /// nginx's balancing method, in its words: `round_robin` (default),
+    /// `least_conn`, `random`, `random two least_conn`, `ip_hash`,
+    /// `hash <key> [consistent]`.
+    pub balance: Option<String>,
+    pub next_upstream: Option<RawNextUpstream>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNextUpstream {
+    /// Conditions (`error`, `timeout`, `http_502`...), or `[off]`.
+    pub on: Option<Vec<String>>,
+    pub tries: Option<Text>,
+    pub timeout: Option<Text>,
+    pub max_body: Option<Text>,
 }
 
 /// A target: `"host:port"`, or a map with nginx's per-server parameters.
@@ -254,6 +269,8 @@ pub struct RawTargetMap {
     pub max_fails: Option<Text>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fail_timeout: Option<Text>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_conns: Option<Text>,
 }
 
 /// A string, or a map whose unknown keys are refused by name (serde's

@@ -1,5 +1,6 @@
 //! Validation of `upstreams`: targets (`host:port`), timeouts, pool
-//! sizes, `host_header` and TLS to the upstream.
+//! sizes, `host_header` and TLS to the upstream; `balance` and
+//! `next_upstream` in `balance`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,6 +31,23 @@ pub(super) fn upstreams(
             .enumerate()
             .filter_map(|(i, t)| target(c, &format!("{path}.targets[{i}]"), t))
             .collect();
+        let balance = super::balance::balance(c, &format!("{path}.balance"), u.balance.as_deref());
+        if let (Some(method), Some(i)) = (
+            super::balance::allows_backup(&balance),
+            targets.iter().position(|t| t.backup),
+        ) {
+            c.report(
+                format!("{path}.targets[{i}].backup"),
+                format!(
+                    "backup targets cannot be used with balance {method} (nginx refuses them too)"
+                ),
+            );
+        }
+        let next_upstream = super::balance::next_upstream(
+            c,
+            &format!("{path}.next_upstream"),
+            u.next_upstream.as_ref(),
+        );
         if !targets.is_empty() && targets.iter().all(|t| t.backup) {
             c.report(
                 format!("{path}.targets"),
@@ -132,6 +150,8 @@ pub(super) fn upstreams(
                 1,
                 10_000,
             ),
+            balance,
+            next_upstream,
         };
         index.insert(name.clone(), out.len());
         out.push(upstream);
@@ -187,6 +207,13 @@ fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
         t.backup = m.backup.unwrap_or(false);
         t.down = m.down.unwrap_or(false);
         t.max_fails = c.number(&format!("{path}.max_fails"), &m.max_fails, 1u32, 0, 1000);
+        t.max_conns = c.number(
+            &format!("{path}.max_conns"),
+            &m.max_conns,
+            0u32,
+            0,
+            1_000_000,
+        );
         if m.fail_timeout.is_some() {
             t.fail_timeout = Some(c.positive_duration(
                 &format!("{path}.fail_timeout"),
@@ -230,5 +257,6 @@ pub(super) fn parse_target(text: &str) -> Result<Target, String> {
         down: false,
         max_fails: 1,
         fail_timeout: None,
+        max_conns: 0,
     })
 }

@@ -406,39 +406,67 @@ impl Scrape {
     fn upstreams(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.sources;
         let upstreams = s.upstreams();
-        const RESULTS: [&str; 3] = ["ok", "error", "timeout"];
-        counter(
-            e,
-            "tollgate_upstream_requests",
-            "Requests sent upstream, by upstream, target and result (ok: a response head came back).",
-            upstreams.iter().flat_map(|u| {
-                u.targets.iter().flat_map(move |(t, n)| {
-                    RESULTS.iter().enumerate().map(move |(i, r)| {
-                        (vec![("upstream", u.name.to_string()), ("target", t.to_string()), ("result", (*r).to_owned())], n[i])
-                    })
-                })
-            }),
-        )?;
-        // Per target: the counter at `i` of each target's five.
-        let per_target = |i: usize| {
+        let target_labels = |u: &'_ UpstreamReport, t: &TargetReport| {
+            vec![
+                ("upstream", u.name.to_string()),
+                ("target", t.authority.to_string()),
+            ]
+        };
+        let per_target = |value: fn(&TargetReport) -> i64| {
             upstreams.iter().flat_map(move |u| {
-                u.targets.iter().map(move |(t, n)| {
-                    let labels = vec![("upstream", u.name.to_string()), ("target", t.to_string())];
-                    (labels, n[i])
-                })
+                u.targets
+                    .iter()
+                    .map(move |t| (target_labels(u, t), value(t)))
             })
         };
         counter(
             e,
+            "tollgate_upstream_requests",
+            "Attempts sent upstream, by upstream, target and result: ok (a response head came back and was used), or why the attempt failed (error, timeout, invalid_header, or a status listed in next_upstream.on that sent the request on).",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().flat_map(move |t| {
+                    let ok = std::iter::once(("ok", t.ok));
+                    let failed = Failure::ALL.iter().map(move |f| (f.name(), t.failures[*f as usize]));
+                    ok.chain(failed).map(move |(result, n)| {
+                        let mut labels = target_labels(u, t);
+                        labels.push(("result", result.to_owned()));
+                        (labels, n)
+                    })
+                })
+            }),
+        )?;
+        counter(
+            e,
             "tollgate_upstream_retries",
-            "Requests sent again on a fresh connection after a pooled one closed under them.",
-            per_target(3),
+            "Requests passed on from a target to the next, by reason (a next_upstream condition), and sent again to the same target on a fresh connection after a pooled one closed under them (stale_connection).",
+            upstreams.iter().flat_map(|u| {
+                u.targets.iter().flat_map(move |t| {
+                    let reasons = Failure::ALL.iter().map(|f| f.name()).chain(std::iter::once("stale_connection"));
+                    reasons.zip(t.retries).map(move |(reason, n)| {
+                        let mut labels = target_labels(u, t);
+                        labels.push(("reason", reason.to_owned()));
+                        (labels, n)
+                    })
+                })
+            }),
         )?;
         counter(
             e,
             "tollgate_upstream_cooldowns",
-            "Times a target was marked down: max_fails failures (connect errors, timeouts, lost connections, answers that are not HTTP) within fail_timeout.",
-            per_target(4),
+            "Times a target was marked down: max_fails failures (connect errors, timeouts, lost connections, answers that are not HTTP, listed statuses but 403 and 404) within fail_timeout.",
+            per_target(|t| t.marked_down as i64).map(|(l, n)| (l, n as u64)),
+        )?;
+        gauge(
+            e,
+            "tollgate_upstream_target_up",
+            "1 while a target takes requests; 0 while it is marked down by its failures, drained by the admin API or down in the config.",
+            per_target(|t| i64::from(t.up())),
+        )?;
+        gauge(
+            e,
+            "tollgate_upstream_in_flight",
+            "Requests sent to a target whose answers have not ended, over all workers (what least_conn and max_conns read).",
+            per_target(|t| i64::from(t.in_flight)),
         )?;
         let h2 = |pick: fn((usize, usize)) -> usize| {
             upstreams.iter().filter_map(move |u| {

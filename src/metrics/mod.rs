@@ -16,9 +16,11 @@ mod histogram;
 pub(crate) mod history;
 mod listener;
 pub(crate) mod top;
+mod upstream;
 
 pub use histogram::{Histogram, HistogramSnapshot, CALL_BOUNDS};
 pub use listener::{h2_noise_seen, H2Side, Handover, ListenerReport, ListenerStats, ProtocolError};
+pub use upstream::{Failure, TargetReport, UpstreamReport};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,19 +59,6 @@ pub struct LimitLabel {
     pub name: Arc<str>,
     /// The route a route limit belongs to (`-` for zones).
     pub route: Arc<str>,
-}
-
-/// One upstream's figures, read at scrape time.
-#[derive(Debug)]
-pub struct UpstreamReport {
-    pub name: Arc<str>,
-    /// Per target: responses, errors, timeouts, retries, cool-downs.
-    pub targets: Vec<(Arc<str>, [u64; 5])>,
-    /// Time to the response head.
-    pub duration: HistogramSnapshot,
-    /// HTTP/2 connections open and streams running on them (`None`: the
-    /// upstream speaks HTTP/1.1 only).
-    pub h2: Option<(usize, usize)>,
 }
 
 /// Read at scrape time from the parts that own them.

@@ -209,7 +209,8 @@ impl Pipeline {
                 .map(|u| {
                     // An unchanged upstream keeps its pool of connections.
                     let same = previous.and_then(|p| p.upstreams.iter().find(|o| o.same_config(u)));
-                    same.cloned()
+                    same.inspect(|u| u.end_drains())
+                        .cloned()
                         .unwrap_or_else(|| Arc::new(Upstream::new(u, engine.clock().clone())))
                 })
                 .collect(),

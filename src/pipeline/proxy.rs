@@ -88,6 +88,15 @@ pub async fn forward(
     // A gRPC call's deadline runs from here, through the response body.
     let deadline = call.timeout.map(|t| tokio::time::Instant::now() + t);
 
+    // A keyed balancer (`hash`, `ip_hash`) reads the request as the
+    // client sent it, before the forwarding fields are written.
+    let key = upstream.balance_key(cx.client.client.ip, |part, out| {
+        let user = match &cx.identity {
+            super::identity::Identity::User(u) => Some(u.as_str()),
+            super::identity::Identity::Anonymous => None,
+        };
+        super::upstream::hash_key::render(part, req, cx.client.client.ip, user, out)
+    });
     let body = body.take();
     let client_host = req.headers().get(HOST).cloned();
     let client_sent_host = client_host.is_some();
@@ -175,11 +184,15 @@ pub async fn forward(
             (&added, call),
             &mut target,
             conn.state.is_h2().then_some(&conn.state),
+            key,
         )
         .await;
     cx.end.set_target(target);
+    let (answer, in_flight) = sent?;
+    // The target counts the request in flight until its answer has ended.
+    cx.end.in_flight = Some(in_flight);
     // The upstream's fields come stripped of hop-by-hop ones already.
-    let (response, lines) = match sent? {
+    let (response, lines) = match answer {
         Answer::Response(response, lines) => (response, lines),
         Answer::Upgrade(response, conn) => {
             return tunnel(response, conn, client_upgrade, upstream);

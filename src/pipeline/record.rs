@@ -63,6 +63,8 @@ pub struct RequestEnd {
     pub slots: Vec<ConnSlot>,
     /// Reserved costs waiting for the body's trailer or last event.
     pub watch: Option<Box<super::settle::Watch>>,
+    /// The request's place in its target's requests in flight.
+    pub in_flight: Option<super::upstream::InFlight>,
 }
 
 impl RequestEnd {
@@ -89,6 +91,7 @@ impl RequestEnd {
             grpc_status: None,
             conn,
             slots: Vec::new(),
+            in_flight: None,
             watch: None,
         }
     }

@@ -277,7 +277,7 @@ async fn an_idle_connection_the_upstream_closed_is_not_written_into() {
         .expect("the upstream hung up");
     // The proxy has not read from it since; it still must not send on it:
     // a second request takes a fresh connection, with no failed attempt.
-    let retries = |p: &TestProxy| p.pipeline.upstreams_report()[0].targets[0].1[3];
+    let retries = |p: &TestProxy| p.pipeline.upstreams_report()[0].targets[0].retries[10];
     let got = get(proxy.addr(), "/length").await;
     assert_eq!(got.status, 200);
     assert_eq!(got.body, "hello");

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::metrics::Failure;
+
 #[derive(Debug)]
 pub struct UpstreamConfig {
     pub name: String,
@@ -26,6 +28,151 @@ pub struct UpstreamConfig {
     pub protocol: UpstreamProtocol,
     /// HTTP/2: streams one connection carries before another is opened.
     pub max_streams: usize,
+    /// Which target a request goes to (nginx's balancing methods).
+    pub balance: Balance,
+    /// When a request goes on to another target (nginx
+    /// `proxy_next_upstream`).
+    pub next_upstream: NextUpstream,
+}
+
+/// nginx's balancing methods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// Smooth weighted round robin (the default).
+    RoundRobin,
+    /// Fewest requests in flight, weighted; ties by round robin.
+    LeastConn,
+    /// A target drawn by weight; `two`: two drawn, the one with fewer in
+    /// flight taken (`random two least_conn`).
+    Random { two: bool },
+    /// The key's CRC32 (nginx `hash`); `consistent`: on a ketama ring of
+    /// 160 points per unit of weight.
+    Hash { key: HashKey, consistent: bool },
+    /// The client address: an IPv4 one by its first three octets, an
+    /// IPv6 one whole (nginx `ip_hash`).
+    IpHash,
+}
+
+impl std::fmt::Display for Balance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Balance::RoundRobin => f.write_str("round_robin"),
+            Balance::LeastConn => f.write_str("least_conn"),
+            Balance::Random { two: false } => f.write_str("random"),
+            Balance::Random { two: true } => f.write_str("random two least_conn"),
+            Balance::Hash { key, consistent } => {
+                write!(
+                    f,
+                    "hash {key}{}",
+                    if *consistent { " consistent" } else { "" }
+                )
+            }
+            Balance::IpHash => f.write_str("ip_hash"),
+        }
+    }
+}
+
+impl std::fmt::Display for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for part in &self.0 {
+            match part {
+                KeyPart::Text(t) => f.write_str(t)?,
+                KeyPart::Ip => f.write_str("$remote_addr")?,
+                KeyPart::User => f.write_str("$remote_user")?,
+                KeyPart::Path => f.write_str("$uri")?,
+                KeyPart::RequestUri => f.write_str("$request_uri")?,
+                KeyPart::Args => f.write_str("$args")?,
+                KeyPart::Arg(a) => write!(f, "$arg_{a}")?,
+                KeyPart::Cookie(c) => write!(f, "$cookie_{c}")?,
+                KeyPart::Header(h) => write!(f, "${{http_{}}}", h.as_str().replace('-', "_"))?,
+                KeyPart::Host => f.write_str("$host")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A hash key: literal text and request values, concatenated (nginx's
+/// `hash $host$request_uri`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashKey(pub Vec<KeyPart>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Text(String),
+    /// The client address as resolved (`ip`, `$remote_addr`).
+    Ip,
+    /// The verified user id (`user`), empty when anonymous.
+    User,
+    /// The path without the query (`path`, `$uri`).
+    Path,
+    /// Path and query as sent (`request_uri`, `$request_uri`).
+    RequestUri,
+    /// The query (`$args`).
+    Args,
+    /// One query argument (`arg:<name>`, `$arg_<name>`).
+    Arg(String),
+    /// One cookie (`cookie:<name>`, `$cookie_<name>`).
+    Cookie(String),
+    /// A request header (`header:<name>`, `$http_<name>`).
+    Header(http::HeaderName),
+    /// The `Host` (`$host`).
+    Host,
+}
+
+/// nginx `proxy_next_upstream`, `_tries` and `_timeout`, and how much of
+/// a request body is kept so it can be sent again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextUpstream {
+    /// The conditions listed, as bits of [`NextUpstream::bit`].
+    pub on: u16,
+    /// Targets tried at most for one request (0: every target once).
+    pub tries: u32,
+    /// Time after the first attempt past which no other is started.
+    pub timeout: Option<Duration>,
+    /// A body of this size or less (with a `Content-Length`) is read
+    /// whole before it is sent, so a retry can send it again.
+    pub max_body: u64,
+}
+
+impl NextUpstream {
+    /// The conditions in the order of their bits.
+    pub const CONDITIONS: [&'static str; 11] = [
+        "error",
+        "timeout",
+        "invalid_header",
+        "http_500",
+        "http_502",
+        "http_503",
+        "http_504",
+        "http_403",
+        "http_404",
+        "http_429",
+        "non_idempotent",
+    ];
+
+    pub fn bit(condition: &str) -> Option<u16> {
+        Self::CONDITIONS
+            .iter()
+            .position(|c| *c == condition)
+            .map(|i| 1 << i)
+    }
+
+    pub fn lists(&self, condition: &str) -> bool {
+        Self::bit(condition).is_some_and(|b| self.on & b != 0)
+    }
+}
+
+impl Default for NextUpstream {
+    /// nginx's: `error timeout`, every target, no time limit; 64 KiB kept.
+    fn default() -> Self {
+        NextUpstream {
+            on: 0b11,
+            tries: 0,
+            timeout: None,
+            max_body: 64 * 1024,
+        }
+    }
 }
 
 /// The HTTP version tollgate speaks to an upstream.
@@ -56,6 +203,8 @@ pub struct Target {
     /// How long those failures add up, and how long it is then down
     /// (`None`: the upstream's `cooldown`).
     pub fail_timeout: Option<Duration>,
+    /// Requests in flight it takes at most (0: no cap; nginx `max_conns`).
+    pub max_conns: u32,
 }
 
 pub struct UpstreamTls {
@@ -69,6 +218,14 @@ impl std::fmt::Debug for UpstreamTls {
         f.debug_struct("UpstreamTls")
             .field("server_name", &self.server_name)
             .finish()
+    }
+}
+
+impl Target {
+    /// The name it was configured by, which `hash ... consistent` places
+    /// on its ring (nginx's server name).
+    pub fn name(&self) -> &str {
+        &self.authority
     }
 }
 

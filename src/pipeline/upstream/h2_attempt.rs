@@ -10,9 +10,9 @@ use http::header::{HeaderName, HeaderValue};
 use http::Request;
 
 use super::h2::{self, SendFailure};
-use super::{
-    body_error, held, Answer, Call, TargetState, Upstream, ALPN_H1, ALPN_H2, ERROR, OK, RETRY,
-};
+use super::retry::Failure;
+use super::target::{TargetState, ALPN_H1, ALPN_H2, STALE};
+use super::{held, Answer, Call, Upstream};
 use crate::config::UpstreamProtocol;
 use crate::error::ProxyError;
 use crate::pipeline::body::{RequestBody, RequestBodyError};
@@ -21,8 +21,8 @@ use crate::pipeline::conn::ConnState;
 /// How an HTTP/2 attempt at one target ended.
 pub(super) enum H2Sent {
     Done(Result<Answer, ProxyError>),
-    /// It could not be reached (the target cools down).
-    Down(String),
+    /// It could not be reached: why.
+    Down((Failure, String)),
     /// `auto`: it speaks HTTP/1.1.
     Http1,
 }
@@ -65,7 +65,10 @@ impl Upstream {
             let new = taken.is_none();
             let (conn, stream) = match taken.take() {
                 Some(kept) => kept,
-                None => match self.connect(target).await {
+                None => match target
+                    .connect(self.connect_timeout, self.tls.as_ref())
+                    .await
+                {
                     Err(e) => return H2Sent::Down(e),
                     Ok(c) if self.protocol == UpstreamProtocol::Auto && !h2::negotiated(&c.io) => {
                         target.alpn.store(ALPN_H1, Ordering::Relaxed);
@@ -82,8 +85,13 @@ impl Upstream {
                                 drop(opening);
                                 kept
                             }
-                            Ok(Err(e)) => return H2Sent::Down(e),
-                            Err(_) => return H2Sent::Down("HTTP/2 handshake timed out".into()),
+                            Ok(Err(e)) => return H2Sent::Down((Failure::Error, e)),
+                            Err(_) => {
+                                return H2Sent::Down((
+                                    Failure::Timeout,
+                                    "HTTP/2 handshake timed out".into(),
+                                ))
+                            }
                         }
                     }
                 },
@@ -114,30 +122,25 @@ impl Upstream {
             let sent = h2::send(conn, req, until);
             let failure = match held::run(sent, held.map(|c| c.hold_upstream_slot())).await {
                 Ok(response) => {
-                    target.stats[OK].fetch_add(1, Ordering::Relaxed);
-                    self.duration.observe(self.clock.now() - sending);
                     return H2Sent::Done(Ok(Answer::H2(response, stream)));
                 }
                 Err(SendFailure::Unsent(req, e)) if !new && !retried => {
                     tracing::debug!(upstream = %self.name, target = %target.authority, error = %e, "HTTP/2 connection closing; sending on a fresh one");
-                    target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
+                    target.stats.retries[STALE].fetch_add(1, Ordering::Relaxed);
                     unsent = Some(*req);
                     retried = true;
                     continue;
                 }
-                Err(SendFailure::Timeout) => {
-                    return H2Sent::Done(Err(self.timed_out(target, call)))
-                }
+                Err(SendFailure::Timeout) => return H2Sent::Done(Err(self.timeout_error(call))),
                 Err(SendFailure::Unsent(_, e) | SendFailure::Failed(e)) => e,
             };
             let cause = std::error::Error::source(&failure);
             if let Some(e) = cause.and_then(|c| c.downcast_ref::<RequestBodyError>()) {
-                return H2Sent::Done(Err(body_error(e)));
+                return H2Sent::Done(Err(e.as_client_error()));
             }
             if let Some(e) = body_failed.as_ref().and_then(|n| n.take()) {
                 return H2Sent::Done(Err(e));
             }
-            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
             return H2Sent::Done(Err(ProxyError::UpstreamFailed {
                 upstream: self.name.to_string(),
                 reason: format!("HTTP/2: {failure}"),

@@ -75,6 +75,18 @@ impl Health {
         false
     }
 
+    /// Until when it is marked down (ms), if it has been.
+    pub fn down_until(&self) -> Option<u64> {
+        Some(self.down_until_ms.load(Ordering::Relaxed)).filter(|&u| u != 0)
+    }
+
+    /// Every target was down: its failures are forgotten so the next
+    /// request tries it again (panic mode).
+    pub fn revive(&self) {
+        self.fails.store(0, Ordering::Relaxed);
+        self.down_until_ms.store(0, Ordering::Relaxed);
+    }
+
     /// An answer came: its failures are forgotten, and it is up.
     pub fn succeeded(&self) {
         if self.fails.load(Ordering::Relaxed) != 0 {

@@ -1,56 +1,57 @@
-//! The upstream stage: picks a target (nginx's smooth weighted round
-//! robin, `balancer`: backups only when no primary can take it, never a
-//! target marked `down` or marked down by its failures, `health`), takes a
-//! pooled keep-alive connection or opens one (TCP, optionally TLS), and
-//! sends the request over HTTP/1.1 or HTTP/2.
+//! The upstream stage: picks a target (`balancer`: nginx's round robin,
+//! `least_conn`, `random`, `hash`, `ip_hash`; backups only when no primary
+//! can take it; never a target marked `down`, marked down by its failures
+//! (`health`), drained by the admin API or at its `max_conns`), sends the
+//! request to it (`attempt`: HTTP/1.1 on a pooled keep-alive connection or
+//! a new one, or HTTP/2) and passes it on to the next target by nginx's
+//! `proxy_next_upstream` rules (`retry`), never sending twice what may not
+//! be.
 //!
-//! Retries never replay a body that may have reached the upstream:
-//! - a failed connect moves on to the next target (nothing was sent);
-//! - a pooled connection that turns out closed before any of the request
-//!   was written is retried once on a fresh connection;
-//! - an idempotent, bodiless request whose pooled connection died before
-//!   any response byte is retried once on a fresh connection (the race with
-//!   an upstream closing an idle keep-alive connection);
-//! - an idempotent, bodiless request that timed out or lost its connection
-//!   on a target goes on to the next one (nginx's default
-//!   `proxy_next_upstream error timeout`); any other is answered 504 or
-//!   502 from the target that failed it.
+//! When every target is marked down, the request is answered 502 naming
+//! the upstream and the targets are given their chance again, so the next
+//! request tries them (Envoy's panic mode; nginx answers "no live
+//! upstreams" until `fail_timeout` passes).
 //!
 //! HTTP/1.1 itself is spoken by `h1`, in the request's own task.
 
+mod attempt;
 mod balancer;
 pub(crate) mod h1;
 pub(crate) mod h2;
 mod h2_attempt;
+pub(crate) mod hash_key;
 mod health;
 mod held;
 mod io;
 pub(crate) mod pool;
+mod retry;
+mod target;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+pub use self::balancer::BalanceKey;
+pub use self::retry::Failure;
+pub use self::target::InFlight;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{HeaderName, HeaderValue, HOST};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use self::balancer::Balancer;
-use self::h1::{Conn, Io, SendError};
-use self::h2::H2Pool;
-use self::h2_attempt::H2Sent;
-use self::health::Health;
-use self::pool::Pool;
-use super::body::{HeadLines, RequestBody, RequestBodyError};
+use self::attempt::{Send, Tried};
+use self::balancer::{Balancer, Pick};
+use self::h1::Conn;
+use self::retry::Retries;
+use self::target::{TargetState, ALPN_H1};
+use super::body::{HeadLines, RequestBody};
 use super::conn::ConnState;
 use crate::clock::Clock;
-use crate::config::{HostHeader, UpstreamConfig, UpstreamProtocol};
+use crate::config::{HashKey, HostHeader, NextUpstream, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
-use crate::metrics::{Histogram, UpstreamReport, CALL_BOUNDS};
-use crate::tls::SendOne;
+use crate::metrics::{Histogram, TargetReport, UpstreamReport, CALL_BOUNDS};
 
 /// What an upstream answered.
 pub enum Answer {
@@ -65,12 +66,27 @@ pub enum Answer {
     H2(Response<Incoming>, h2::Stream),
 }
 
+impl Answer {
+    fn status(&self) -> u16 {
+        match self {
+            Answer::Response(r, _) => r.status().as_u16(),
+            Answer::Upgrade(r, _) => r.status().as_u16(),
+            Answer::H2(r, _) => r.status().as_u16(),
+        }
+    }
+}
+
 /// A named pool of targets, built once from config.
 pub struct Upstream {
     pub name: Arc<str>,
     targets: Box<[TargetState]>,
-    /// Which target each attempt goes to (weights, backups, down).
+    /// Which target each attempt goes to.
     balancer: Balancer,
+    /// What a keyed method (`hash`) hashes.
+    hash_key: Option<HashKey>,
+    next: NextUpstream,
+    /// `balance` as written, for the admin API.
+    balance_name: String,
     connect_timeout: Duration,
     /// Time for the response head; also the body's idle timeout.
     pub timeout: Duration,
@@ -88,64 +104,23 @@ pub struct Upstream {
     config: Option<String>,
 }
 
-struct TargetState {
-    authority: Arc<str>,
-    host: String,
-    port: u16,
-    /// Set when the target is an IP literal: no resolver call per connect.
-    addr: Option<SocketAddr>,
-    /// The target as a `Host` header value, for `host_header: target`.
-    host_value: HeaderValue,
-    pool: Arc<Pool>,
-    /// Its HTTP/2 connections (`protocol: h2` or `auto`).
-    h2: Option<H2Pool>,
-    /// `auto` over TLS: what the target chose when offered both (`ALPN_*`).
-    alpn: AtomicU8,
-    /// Failures counted, and whether it is marked down (ms since `epoch`).
-    health: Health,
-    /// For metrics: responses, errors, timeouts, retries, cool-downs.
-    stats: [AtomicU64; 5],
-}
-
-const ALPN_UNKNOWN: u8 = 0;
-const ALPN_H1: u8 = 1;
-const ALPN_H2: u8 = 2;
-
-const OK: usize = 0;
-const ERROR: usize = 1;
-const TIMEOUT: usize = 2;
-const RETRY: usize = 3;
-const COOLDOWN: usize = 4;
-
 impl Upstream {
     /// Cool-downs and idle connections' ages are timed on `clock`.
     pub fn new(cfg: &UpstreamConfig, clock: Clock) -> Self {
-        let targets = cfg
-            .targets
-            .iter()
-            .map(|t| TargetState {
-                authority: Arc::from(t.authority.as_str()),
-                host: t.host.clone(),
-                port: t.port,
-                addr: t.host.parse().ok().map(|ip| SocketAddr::new(ip, t.port)),
-                host_value: HeaderValue::from_str(&t.authority)
-                    .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
-                pool: Arc::new(Pool::new(cfg.max_idle_per_target, cfg.idle_timeout)),
-                h2: (cfg.protocol != UpstreamProtocol::Http1).then(|| {
-                    H2Pool::new(cfg.max_idle_per_target, cfg.max_streams, cfg.idle_timeout)
-                }),
-                alpn: AtomicU8::new(ALPN_UNKNOWN),
-                health: Health::new(
-                    t.max_fails,
-                    t.fail_timeout.unwrap_or(cfg.cooldown).as_millis() as u64,
-                ),
-                stats: Default::default(),
-            })
-            .collect();
         Upstream {
             name: Arc::from(cfg.name.as_str()),
-            targets,
-            balancer: Balancer::new(&cfg.targets),
+            targets: cfg
+                .targets
+                .iter()
+                .map(|t| TargetState::new(t, cfg))
+                .collect(),
+            balancer: Balancer::new(&cfg.targets, &cfg.balance),
+            hash_key: match &cfg.balance {
+                crate::config::Balance::Hash { key, .. } => Some(key.clone()),
+                _ => None,
+            },
+            next: cfg.next_upstream.clone(),
+            balance_name: cfg.balance.to_string(),
             connect_timeout: cfg.connect_timeout,
             timeout: cfg.timeout,
             host_header: cfg.host_header.clone(),
@@ -166,18 +141,36 @@ impl Upstream {
         cfg.tls.is_none() && self.config.as_deref() == Some(format!("{cfg:?}").as_str())
     }
 
-    /// This upstream's figures, for metrics.
+    /// This upstream's figures, for metrics and the admin API.
     pub fn report(&self) -> UpstreamReport {
+        let now_ms = self.ms_at(self.clock.now());
+        let unix_ms = self.clock.unix_ms();
         UpstreamReport {
             name: self.name.clone(),
             targets: self
                 .targets
                 .iter()
                 .map(|t| {
-                    (
-                        t.authority.clone(),
-                        t.stats.each_ref().map(|n| n.load(Ordering::Relaxed)),
-                    )
+                    let down_for = t
+                        .health
+                        .down_until()
+                        .filter(|until| *until > now_ms)
+                        .map(|until| until - now_ms);
+                    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+                    TargetReport {
+                        authority: t.authority.clone(),
+                        backup: t.backup,
+                        down: t.down,
+                        draining: t.draining.load(Ordering::Relaxed),
+                        down_until_unix_ms: down_for.map(|ms| unix_ms + ms),
+                        in_flight: t.load(),
+                        max_conns: t.max_conns,
+                        ok: load(&t.stats.ok),
+                        failures: t.stats.failures.each_ref().map(load),
+                        retries: t.stats.retries.each_ref().map(load),
+                        marked_down: load(&t.stats.marked_down),
+                        last_failure: t.last_failure(),
+                    }
                 })
                 .collect(),
             duration: self.duration.snapshot(),
@@ -185,20 +178,73 @@ impl Upstream {
         }
     }
 
+    /// Drains `target` (no new requests; those in flight finish) or
+    /// brings it back; false when it is not one of this upstream's.
+    pub fn set_draining(&self, target: &str, draining: bool) -> bool {
+        match self.targets.iter().find(|t| &*t.authority == target) {
+            Some(t) => {
+                t.draining.store(draining, Ordering::Relaxed);
+                tracing::info!(upstream = %self.name, target, draining, "target drain set by the admin API");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The balancing method, as configured.
+    pub fn balance_name(&self) -> &str {
+        &self.balance_name
+    }
+
+    /// A reload keeps this upstream: drains set by the admin API end.
+    pub fn end_drains(&self) {
+        for t in self.targets.iter() {
+            if t.draining.swap(false, Ordering::Relaxed) {
+                tracing::info!(upstream = %self.name, target = %t.authority, "reload: the target's drain ends");
+            }
+        }
+    }
+
     fn ms_at(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
+    /// What the balancer picks this request's target by: `None` unless
+    /// the method is keyed (`hash`, `ip_hash`), so the others build
+    /// nothing. `part` renders one part of the key.
+    pub fn balance_key(
+        &self,
+        client: std::net::IpAddr,
+        part: impl Fn(&crate::config::KeyPart, &mut Vec<u8>),
+    ) -> BalanceKey {
+        if !self.balancer.keyed() {
+            return BalanceKey::None;
+        }
+        match &self.hash_key {
+            None => BalanceKey::Ip(client),
+            Some(key) => {
+                let mut out = Vec::new();
+                for p in &key.0 {
+                    part(p, &mut out);
+                }
+                BalanceKey::Bytes(out)
+            }
+        }
+    }
+
     /// Sends the request `head` with `body` and waits for the response
-    /// head. With `held` (an HTTP/2 client's connection), each attempt
-    /// holds one of its upstream slots until the upstream answers, even if
-    /// the client stops waiting (`held`). `chosen` records the target used, for the access log, even
-    /// when sending fails. A request without `Host` (`host_set` false: the
-    /// caller knows, no lookup) gets the `host:port` of the target it is
-    /// sent to, on every attempt (`host_header: target`). The head is
-    /// borrowed: a request passes through several async frames, and a
-    /// move into each would copy it (about 200 bytes) into memory the
-    /// request has not touched yet.
+    /// head; the answer comes with its place in the target's requests in
+    /// flight, to hold until the answer has been relayed. With `held` (an
+    /// HTTP/2 client's connection), each attempt holds one of its upstream
+    /// slots until the upstream answers, even if the client stops waiting
+    /// (`held`). `chosen` records the target used, for the access log,
+    /// even when sending fails. A request without `Host` (`host_set`
+    /// false: the caller knows, no lookup) gets the `host:port` of the
+    /// target it is sent to, on every attempt (`host_header: target`). The
+    /// head is borrowed: a request passes through several async frames,
+    /// and a move into each would copy it (about 200 bytes) into memory
+    /// the request has not touched yet.
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
         &self,
         head: &mut Request<()>,
@@ -207,152 +253,149 @@ impl Upstream {
         (added, call): (&[(HeaderName, HeaderValue)], Call),
         chosen: &mut Option<Arc<str>>,
         held: Option<&Arc<ConnState>>,
-    ) -> Result<Answer, ProxyError> {
-        let bodiless = http_body::Body::is_end_stream(&body);
-        let replayable = is_idempotent(head.method()) && bodiless;
-        let length = http_body::Body::size_hint(&body).exact();
-        let chunked = !bodiless && length.is_none();
-        let mut body = (!bodiless).then_some(body);
-        // The one clock read of the attempt: cool-downs, the pool's idle
-        // ages and the duration all measure from it.
-        let sending = self.clock.now();
+        key: BalanceKey,
+    ) -> Result<(Answer, InFlight), ProxyError> {
         let n = self.targets.len();
-        // Written only when a connect fails: nothing allocated per request.
-        let mut last_connect_error = None;
-        // The last target's failure after the request was sent, answered
-        // when no target is left.
-        let mut last_error: Option<ProxyError> = None;
-        // Targets already tried for this request (the first 64 are tracked;
-        // past them the attempts are bounded by the number of targets).
+        let bodiless = http_body::Body::is_end_stream(&body);
+        let length = http_body::Body::size_hint(&body).exact();
+        // A small body is read whole first where a retry could send it
+        // again (nginx reads every body first by default).
+        let (kept, mut body) =
+            if !bodiless && Retries::keeps_body(&self.next, head.method(), length, n) {
+                (Some(read_whole(body).await?), None)
+            } else {
+                (None, (!bodiless).then_some(body))
+            };
+        // The one clock read of the attempt: cool-downs, the pool's idle
+        // ages, the retries' time and the duration all measure from it.
+        let sending = self.clock.now();
+        let mut retries = Retries::new(
+            &self.next,
+            head.method(),
+            bodiless || kept.is_some(),
+            n,
+            sending,
+        );
+        let mut pick = Pick::new(key);
+        // Targets already tried (the first 64 are tracked; past them the
+        // attempts are bounded by the number of targets).
         let mut tried: u64 = 0;
-        // Pass 0 tries targets that are up (a backup only when no primary
-        // is); pass 1 those in cool-down, in case they are back (better a
-        // try than a certain 502).
-        for pass in 0..2 {
-            for _ in 0..n {
-                let usable = |idx: usize| {
-                    // The attempt's time in ms is worked out only for a
-                    // target marked down (most requests meet none).
-                    let down = self.targets[idx].health.down(|| self.ms_at(sending));
-                    down == (pass == 1) && !(idx < 64 && tried & (1 << idx) != 0)
-                };
-                let Some(idx) = self.balancer.pick(usable) else {
-                    break;
-                };
-                let target = &self.targets[idx];
-                target.health.picked(|| self.ms_at(sending));
-                if idx < 64 {
-                    tried |= 1 << idx;
-                }
-                *chosen = Some(target.authority.clone());
-                if self.speaks_h2(target) {
-                    let sent = self.send_h2(target, head, &mut body, (added, call), sending, held);
-                    match sent.await {
-                        H2Sent::Done(Ok(answer)) => {
-                            target.health.succeeded();
-                            return Ok(answer);
-                        }
-                        H2Sent::Done(Err(e)) if !targets_fault(&e) => return Err(e),
-                        H2Sent::Done(Err(e)) => {
-                            last_error = Some(self.fail_over(target, e, replayable)?);
-                            continue;
-                        }
-                        H2Sent::Down(e) => {
-                            last_connect_error = Some(self.cool_down(target, e));
-                            continue;
-                        }
-                        // `auto`: the target chose HTTP/1.1, and its
-                        // connection waits in the pool below.
-                        H2Sent::Http1 => {}
-                    }
-                }
-                let mut pooled_first = true;
-                loop {
-                    let idle = if pooled_first {
-                        target.pool.take(sending)
-                    } else {
-                        None
-                    };
-                    let reused = idle.is_some();
-                    let conn = match idle {
-                        Some(c) => c,
-                        None => match self.connect(target).await {
-                            Ok(c) => c,
-                            Err(e) => {
-                                last_connect_error = Some(self.cool_down(target, e));
-                                break;
-                            }
-                        },
-                    };
-                    if !host_set {
-                        head.headers_mut().insert(HOST, target.host_value.clone());
-                    }
-                    let encoded = if call.trailers {
-                        // (RFC 9110 §10.1.4: `TE` is named in `Connection`)
-                        let mut asked = added.to_vec();
-                        asked.push((http::header::TE, HeaderValue::from_static("trailers")));
-                        asked.push((http::header::CONNECTION, HeaderValue::from_static("te")));
-                        crate::http1::encode_head(head, &asked, length, chunked)
-                    } else {
-                        crate::http1::encode_head(head, added, length, chunked)
-                    };
-                    let exchange = h1::exchange(
-                        conn,
-                        encoded,
-                        body.take(),
-                        chunked,
-                        head.method().clone(),
-                        (target.pool.clone(), sending),
-                        call.head_timeout(self.timeout),
-                    );
-                    match held::run(exchange, held.map(|c| c.hold_upstream_slot())).await {
-                        Err(SendError::Timeout) => {
-                            let e = self.timed_out(target, call);
-                            last_error = Some(self.fail_over(target, e, replayable)?);
-                            break;
-                        }
-                        Ok(answer) => {
-                            target.stats[OK].fetch_add(1, Ordering::Relaxed);
-                            target.health.succeeded();
-                            self.duration.observe(self.clock.now() - sending);
-                            return Ok(answer);
-                        }
-                        Err(SendError::Body(e)) => return Err(body_error(&e)),
-                        // A pooled connection the upstream closed under
-                        // us: send again on a fresh one if nothing reached
-                        // the upstream, or if the request is idempotent and
-                        // bodiless.
-                        Err(SendError::Io {
-                            error,
-                            wrote,
-                            received,
-                            unsent,
-                        }) if reused && !received && (!wrote || replayable) => {
-                            tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
-                            target.stats[RETRY].fetch_add(1, Ordering::Relaxed);
-                            body = unsent;
-                            pooled_first = false;
-                            continue;
-                        }
-                        Err(e) => {
-                            target.stats[ERROR].fetch_add(1, Ordering::Relaxed);
-                            // (an answer that is not HTTP is not passed on)
-                            let retry = replayable && matches!(e, SendError::Io { .. });
-                            let e = self.send_failed(e);
-                            last_error = Some(self.fail_over(target, e, retry)?);
-                            break;
-                        }
-                    }
-                }
+        let mut last_error = None;
+        loop {
+            let usable = |i: usize| {
+                let t = &self.targets[i];
+                let skipped = (i < 64 && tried & (1 << i) != 0)
+                    || t.draining.load(Ordering::Relaxed)
+                    || t.full();
+                !skipped && !t.health.down(|| self.ms_at(sending))
+            };
+            let Some(idx) = self
+                .balancer
+                .pick(&mut pick, usable, |i| self.targets[i].load())
+            else {
+                break;
+            };
+            let target = &self.targets[idx];
+            target.health.picked(|| self.ms_at(sending));
+            tried |= 1u64.checked_shl(idx as u32).unwrap_or(0);
+            retries.tried += 1;
+            *chosen = Some(target.authority.clone());
+            let in_flight = target.start();
+            if let Some(kept) = &kept {
+                body = Some(RequestBody::buffered(kept.clone()));
             }
+            let to = Send {
+                target,
+                host_set,
+                added,
+                call,
+                sending,
+                held,
+                replayable: bodiless || kept.is_some(),
+                length,
+                chunked: !bodiless && length.is_none(),
+            };
+            let (failure, sent, error) = match self.attempt(to, head, &mut body).await {
+                Tried::Answer(answer) => {
+                    let now = self.clock.now();
+                    let status = answer.status();
+                    match retries.on_status(status, now) {
+                        None => {
+                            target.stats.ok.fetch_add(1, Ordering::Relaxed);
+                            target.health.succeeded();
+                            self.duration.observe(now - sending);
+                            return Ok((answer, in_flight));
+                        }
+                        // A listed status: dropped, and on to the next.
+                        Some(failure) => (
+                            failure,
+                            true,
+                            ProxyError::UpstreamUnreachable {
+                                upstream: self.name.to_string(),
+                                reason: format!(
+                                    "{} answered {status}, and no other target could take the request",
+                                    target.authority
+                                ),
+                            },
+                        ),
+                    }
+                }
+                Tried::Client(e) => return Err(e),
+                Tried::Failed {
+                    failure,
+                    sent,
+                    error,
+                } => (failure, sent, error),
+            };
+            let now = self.clock.now();
+            self.failed(target, failure, now);
+            if !retries.go_on(failure, sent, now) {
+                return Err(error);
+            }
+            target.stats.retries[failure as usize].fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "passing the request on to the next target");
+            last_error = Some(error);
         }
-        if let Some(e) = last_error {
-            return Err(e);
-        }
-        Err(ProxyError::UpstreamUnreachable {
+        Err(last_error.unwrap_or_else(|| self.none_live(sending)))
+    }
+
+    /// No target could take the request: why, for the 502. When every
+    /// target left out is marked down by its failures, they are all given
+    /// their chance again for the next request (Envoy's panic mode).
+    fn none_live(&self, at: Instant) -> ProxyError {
+        let now = self.ms_at(at);
+        let up = |t: &TargetState| !t.down && !t.draining.load(Ordering::Relaxed);
+        let marked: Vec<&TargetState> = self
+            .targets
+            .iter()
+            .filter(|t| up(t) && t.health.down(|| now))
+            .collect();
+        let reason = if !marked.is_empty() {
+            for t in &marked {
+                t.health.revive();
+            }
+            tracing::warn!(upstream = %self.name, "every live target is marked down by its failures; answering 502 and trying them all again from the next request");
+            "every target is marked down after failures; the next request tries them again"
+        } else if self.targets.iter().any(|t| up(t) && t.full()) {
+            "every target is at its max_conns"
+        } else {
+            "every target is down or drained"
+        };
+        ProxyError::UpstreamUnreachable {
             upstream: self.name.to_string(),
-            reason: last_connect_error.unwrap_or_else(|| "every target is marked down".to_owned()),
-        })
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// A failure of `target` at `now`: counted, and towards its
+    /// `max_fails` unless nginx does not count it (403, 404).
+    fn failed(&self, target: &TargetState, failure: Failure, now: Instant) {
+        target.note_failure(failure, self.clock.unix_ms());
+        let alone = self.targets.len() == 1;
+        if failure.marks() && target.health.failed(self.ms_at(now), alone) {
+            target.stats.marked_down.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(upstream = %self.name, target = %target.authority, reason = failure.name(), "target failed; marked down for its fail_timeout");
+        }
     }
 
     /// Whether any request to this upstream may go over HTTP/2
@@ -373,105 +416,21 @@ impl Upstream {
         }
     }
 
-    /// A target refused a connection (or its handshake failed): a failure
-    /// ([`health`]); the reason, for the answer if no target is left.
-    fn cool_down(&self, target: &TargetState, e: String) -> String {
-        let reason = format!("{}: {e}", target.authority);
-        self.count_failure(target, &reason);
-        reason
-    }
-
-    /// A target failed after the request was sent (timed out, lost the
-    /// connection, answered what is not HTTP): a failure ([`health`]).
-    /// `Ok(e)` when the request may go on to the next target (nginx's
-    /// `proxy_next_upstream error timeout`: `replayable`, an idempotent
-    /// request without a body), `e` to answer if none is left; `Err(e)`
-    /// when it may not.
-    fn fail_over(
-        &self,
-        target: &TargetState,
-        e: ProxyError,
-        replayable: bool,
-    ) -> Result<ProxyError, ProxyError> {
-        self.count_failure(target, &e);
-        if replayable {
-            Ok(e)
-        } else {
-            Err(e)
-        }
-    }
-
-    fn count_failure(&self, target: &TargetState, why: &dyn std::fmt::Display) {
-        let alone = self.targets.len() == 1;
-        if target.health.failed(self.ms_at(self.clock.now()), alone) {
-            target.stats[COOLDOWN].fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(upstream = %self.name, target = %target.authority, error = %why, "target failed; marked down for its fail_timeout");
-        }
-    }
-
-    fn timed_out(&self, target: &TargetState, call: Call) -> ProxyError {
-        target.stats[TIMEOUT].fetch_add(1, Ordering::Relaxed);
-        ProxyError::UpstreamTimeout {
-            upstream: self.name.to_string(),
-            seconds: call.head_timeout(self.timeout).as_secs_f64(),
-        }
-    }
-
     /// HTTP/2 connections and open streams to this upstream, for metrics.
     fn h2_counts(&self) -> (usize, usize) {
         self.targets
             .iter()
-            .filter_map(|t| t.h2.as_ref().map(H2Pool::counts))
+            .filter_map(|t| t.h2.as_ref().map(h2::H2Pool::counts))
             .fold((0, 0), |(c, s), (tc, ts)| (c + tc, s + ts))
     }
+}
 
-    async fn connect(&self, target: &TargetState) -> Result<Conn, String> {
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let tcp = match target.addr {
-            Some(addr) => tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await,
-            None => {
-                tokio::time::timeout_at(
-                    deadline,
-                    TcpStream::connect((target.host.as_str(), target.port)),
-                )
-                .await
-            }
-        };
-        let tcp = match tcp {
-            Err(_) => {
-                return Err(format!(
-                    "connect timed out after {}ms",
-                    self.connect_timeout.as_millis()
-                ))
-            }
-            Ok(Err(e)) => return Err(e.to_string()),
-            Ok(Ok(s)) => s,
-        };
-        let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => Ok(Conn::new(Io::Tcp(tcp))),
-            Some((connector, name)) => {
-                let server_name = match name {
-                    Some(n) => n.clone(),
-                    None => rustls_pki_types::ServerName::try_from(target.host.clone()).map_err(
-                        |_| format!("\"{}\" is not a valid TLS server name", target.host),
-                    )?,
-                };
-                let tls =
-                    tokio::time::timeout_at(deadline, connector.connect(server_name, SendOne(tcp)))
-                        .await
-                        .map_err(|_| "TLS handshake timed out".to_owned())?
-                        .map_err(|e| format!("TLS handshake failed: {e}"))?;
-                Ok(Conn::new(Io::Tls(Box::new(tls))))
-            }
-        }
-    }
-
-    fn send_failed(&self, err: SendError) -> ProxyError {
-        ProxyError::UpstreamFailed {
-            upstream: self.name.to_string(),
-            reason: err.to_string(),
-        }
+/// A body read whole (it has a length within `max_body`), to be sent
+/// again if a retry needs it.
+async fn read_whole(body: RequestBody) -> Result<Bytes, ProxyError> {
+    match http_body_util::BodyExt::collect(body).await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => Err(e.as_client_error()),
     }
 }
 
@@ -493,20 +452,6 @@ impl Call {
     fn head_timeout(&self, upstream: Duration) -> Duration {
         self.timeout.map_or(upstream, |t| t.min(upstream))
     }
-}
-
-/// Whether `e` is the target's failure (nginx's `error` or `timeout`),
-/// not the client's own doing (its body too large, cut off, too slow).
-fn targets_fault(e: &ProxyError) -> bool {
-    matches!(
-        e,
-        ProxyError::UpstreamTimeout { .. } | ProxyError::UpstreamFailed { .. }
-    )
-}
-
-/// A client body that failed on its way upstream, as the client's error.
-fn body_error(e: &RequestBodyError) -> ProxyError {
-    e.as_client_error()
 }
 
 fn is_idempotent(m: &Method) -> bool {

@@ -1,0 +1,114 @@
+//! `/api/upstreams`: the upstreams' targets as the balancer sees them.
+//!
+//! - `GET /api/upstreams`: per upstream, its balancing method and each
+//!   target's state (`up`, `down` until when, `draining`, `down` in the
+//!   config), whether it is a backup, its requests in flight (and
+//!   `max_conns`), answers, failures by reason, retries by reason, times
+//!   marked down, and its last failure with its reason.
+//! - `PUT /api/upstreams/<upstream>/<target>` with `{"down": true}`
+//!   drains the target (no new requests; those in flight finish) until it
+//!   is set back with `{"down": false}` or the config is reloaded. Logged
+//!   with who asked.
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{problem, Caller};
+use crate::metrics::TargetReport;
+use crate::pipeline::upstream::Failure;
+use crate::pipeline::Pipeline;
+
+type Reply = (StatusCode, Value);
+
+/// `GET /api/upstreams`.
+pub fn list(p: &Pipeline) -> Reply {
+    let upstreams: Vec<Value> = p
+        .upstreams
+        .iter()
+        .map(|u| {
+            let report = u.report();
+            json!({
+                "name": &*report.name,
+                "balance": u.balance_name(),
+                "targets": report.targets.iter().map(target_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    (StatusCode::OK, json!({ "upstreams": upstreams }))
+}
+
+/// One target as `/api/upstreams` and `/api/overview` show it.
+pub fn target_json(t: &TargetReport) -> Value {
+    let state = if t.down {
+        "down"
+    } else if t.draining {
+        "draining"
+    } else if t.down_until_unix_ms.is_some() {
+        "failed"
+    } else {
+        "up"
+    };
+    let by_reason = |counts: &[u64]| -> serde_json::Map<String, Value> {
+        Failure::ALL
+            .iter()
+            .map(|f| f.name())
+            .chain(std::iter::once("stale_connection"))
+            .zip(counts)
+            .filter(|(_, n)| **n != 0)
+            .map(|(name, n)| (name.to_owned(), json!(n)))
+            .collect()
+    };
+    json!({
+        "target": &*t.authority,
+        "state": state,
+        "backup": t.backup,
+        "down_until_unix_ms": t.down_until_unix_ms,
+        "in_flight": t.in_flight,
+        "max_conns": t.max_conns,
+        "responses": t.ok,
+        "failures": by_reason(&t.failures),
+        "retries": by_reason(&t.retries),
+        "marked_down": t.marked_down,
+        "last_failure": t.last_failure.map(|(at, why)| json!({ "unix_ms": at, "reason": why.name() })),
+    })
+}
+
+/// `PUT /api/upstreams/<upstream>/<target>` with `{"down": bool}`.
+pub fn put(rest: &str, body: &[u8], p: &Pipeline, caller: &Caller) -> Reply {
+    let Some((name, target)) = rest.split_once('/') else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "expected /api/upstreams/<upstream>/<target>, the target as host:port",
+        );
+    };
+    let down = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => v.get("down").and_then(Value::as_bool),
+        Err(_) => None,
+    };
+    let Some(down) = down else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "expected a JSON body {\"down\": true} (drain) or {\"down\": false} (back)",
+        );
+    };
+    let Some(upstream) = p.upstreams.iter().find(|u| &*u.name == name) else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            format!("no upstream named \"{name}\""),
+        );
+    };
+    if !upstream.set_draining(target, down) {
+        return problem(
+            StatusCode::NOT_FOUND,
+            format!("upstream \"{name}\" has no target \"{target}\""),
+        );
+    }
+    tracing::info!(upstream = %name, target, down, by = %caller, "admin: target drain set");
+    let report = upstream.report();
+    let shown = report
+        .targets
+        .iter()
+        .find(|t| &*t.authority == target)
+        .map(target_json);
+    (StatusCode::OK, json!({ "upstream": name, "target": shown }))
+}

@@ -1,0 +1,186 @@
+//! One target of an upstream: where it is, its connections, its health,
+//! its requests in flight (for `least_conn`, `max_conns` and the admin
+//! API) and its figures; and opening a connection to it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::h1::{Conn, Io};
+use super::h2::H2Pool;
+use super::health::Health;
+use super::pool::Pool;
+use super::retry::Failure;
+use crate::config::{Target, UpstreamConfig, UpstreamProtocol};
+use crate::tls::SendOne;
+
+pub(super) struct TargetState {
+    pub authority: Arc<str>,
+    pub host: String,
+    pub port: u16,
+    /// Set when the target is an IP literal: no resolver call per connect.
+    pub addr: Option<SocketAddr>,
+    /// The target as a `Host` header value, for `host_header: target`.
+    pub host_value: HeaderValue,
+    pub pool: Arc<Pool>,
+    /// Its HTTP/2 connections (`protocol: h2` or `auto`).
+    pub h2: Option<H2Pool>,
+    /// `auto` over TLS: what the target chose when offered both (`ALPN_*`).
+    pub alpn: AtomicU8,
+    /// Failures counted, and whether it is marked down (ms since `epoch`).
+    pub health: Health,
+    /// Requests it takes at most at once (0: no cap).
+    pub max_conns: u32,
+    /// Requests sent to it whose answers have not ended, shared by every
+    /// worker; each held by an [`InFlight`].
+    pub in_flight: Arc<AtomicU32>,
+    /// Drained by the admin API: no new requests until set back.
+    pub draining: AtomicBool,
+    pub backup: bool,
+    /// `down` in the config.
+    pub down: bool,
+    pub stats: Stats,
+}
+
+/// A target's figures, for metrics and the admin API.
+#[derive(Default)]
+pub(super) struct Stats {
+    /// Answer heads received.
+    pub ok: AtomicU64,
+    /// By [`Failure`].
+    pub failures: [AtomicU64; Failure::COUNT],
+    /// Requests that went on from it to another target, by [`Failure`];
+    /// the last slot: sent again on a fresh connection because a kept one
+    /// turned out closed.
+    pub retries: [AtomicU64; Failure::COUNT + 1],
+    /// Times its failures marked it down.
+    pub marked_down: AtomicU64,
+    /// Its last failure: unix ms times 16, plus the [`Failure`].
+    pub last_failure: AtomicU64,
+}
+
+/// The slot of `retries` for a request sent again on a fresh connection.
+pub(super) const STALE: usize = Failure::COUNT;
+
+pub(super) const ALPN_UNKNOWN: u8 = 0;
+pub(super) const ALPN_H1: u8 = 1;
+pub(super) const ALPN_H2: u8 = 2;
+
+impl TargetState {
+    pub fn new(t: &Target, cfg: &UpstreamConfig) -> Self {
+        TargetState {
+            authority: Arc::from(t.authority.as_str()),
+            host: t.host.clone(),
+            port: t.port,
+            addr: t.host.parse().ok().map(|ip| SocketAddr::new(ip, t.port)),
+            host_value: HeaderValue::from_str(&t.authority)
+                .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+            pool: Arc::new(Pool::new(cfg.max_idle_per_target, cfg.idle_timeout)),
+            h2: (cfg.protocol != UpstreamProtocol::Http1)
+                .then(|| H2Pool::new(cfg.max_idle_per_target, cfg.max_streams, cfg.idle_timeout)),
+            alpn: AtomicU8::new(ALPN_UNKNOWN),
+            health: Health::new(
+                t.max_fails,
+                t.fail_timeout.unwrap_or(cfg.cooldown).as_millis() as u64,
+            ),
+            max_conns: t.max_conns,
+            in_flight: Arc::default(),
+            draining: AtomicBool::new(false),
+            backup: t.backup,
+            down: t.down,
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn load(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is at its `max_conns`.
+    pub fn full(&self) -> bool {
+        self.max_conns != 0 && self.load() >= self.max_conns
+    }
+
+    /// One more request in flight, until the guard drops.
+    pub fn start(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.in_flight.clone())
+    }
+
+    pub fn note_failure(&self, failure: Failure, unix_ms: u64) {
+        self.stats.failures[failure as usize].fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .last_failure
+            .store(unix_ms * 16 + failure as u64, Ordering::Relaxed);
+    }
+
+    /// Its last failure: when (unix ms) and why.
+    pub fn last_failure(&self) -> Option<(u64, Failure)> {
+        let v = self.stats.last_failure.load(Ordering::Relaxed);
+        (v != 0).then(|| (v / 16, Failure::ALL[(v % 16) as usize % Failure::COUNT]))
+    }
+
+    /// Opens a connection (TCP, then TLS with `tls`) within `timeout`; a
+    /// failure says why, as an error or a timeout.
+    pub async fn connect(
+        &self,
+        timeout: Duration,
+        tls: Option<&(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
+    ) -> Result<Conn, (Failure, String)> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let tcp = match self.addr {
+            Some(addr) => tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await,
+            None => {
+                tokio::time::timeout_at(
+                    deadline,
+                    TcpStream::connect((self.host.as_str(), self.port)),
+                )
+                .await
+            }
+        };
+        let timed_out = |what: &str| {
+            (
+                Failure::Timeout,
+                format!("{what} timed out after {}ms", timeout.as_millis()),
+            )
+        };
+        let tcp = match tcp {
+            Err(_) => return Err(timed_out("connect")),
+            Ok(Err(e)) => return Err((Failure::Error, e.to_string())),
+            Ok(Ok(s)) => s,
+        };
+        let _ = tcp.set_nodelay(true);
+        let Some((connector, name)) = tls else {
+            return Ok(Conn::new(Io::Tcp(tcp)));
+        };
+        let server_name = match name {
+            Some(n) => n.clone(),
+            None => rustls_pki_types::ServerName::try_from(self.host.clone()).map_err(|_| {
+                (
+                    Failure::Error,
+                    format!("\"{}\" is not a valid TLS server name", self.host),
+                )
+            })?,
+        };
+        let tls = tokio::time::timeout_at(deadline, connector.connect(server_name, SendOne(tcp)))
+            .await
+            .map_err(|_| timed_out("TLS handshake"))?
+            .map_err(|e| (Failure::Error, format!("TLS handshake failed: {e}")))?;
+        Ok(Conn::new(Io::Tls(Box::new(tls))))
+    }
+}
+
+/// A request in flight at a target, counted until it is dropped (when
+/// the answer's body has ended or was abandoned).
+pub struct InFlight(Arc<AtomicU32>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
