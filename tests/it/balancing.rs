@@ -17,14 +17,19 @@ use crate::nginx_differential::{free_port, launch, Nginx};
 /// A backend that answers every request with its own name; dropping
 /// `stop` (`Named::stop`) closes its listener and every connection, so its
 /// port refuses from then on.
-struct Named {
-    addr: SocketAddr,
+pub(crate) struct Named {
+    pub addr: SocketAddr,
     tasks: JoinSet<()>,
 }
 
 impl Named {
-    async fn spawn(name: &'static str) -> Named {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    pub async fn spawn(name: &'static str) -> Named {
+        Named::serve(name, "127.0.0.1:0".parse().unwrap(), 200, Duration::ZERO).await
+    }
+
+    /// Answers `status` with its name, after `delay`, on `at`.
+    pub async fn serve(name: &'static str, at: SocketAddr, status: u16, delay: Duration) -> Named {
+        let listener = TcpListener::bind(at).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
@@ -32,7 +37,10 @@ impl Named {
             while let Ok((tcp, _)) = listener.accept().await {
                 conns.spawn(async move {
                     let svc = service_fn(move |_req| async move {
-                        Ok::<_, std::convert::Infallible>(http::Response::new(full(name)))
+                        tokio::time::sleep(delay).await;
+                        let mut res = http::Response::new(full(name));
+                        *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(res)
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tcp), svc)
@@ -43,14 +51,14 @@ impl Named {
         Named { addr, tasks }
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         self.tasks.abort_all();
     }
 }
 
 /// nginx (one worker) and tollgate on the import of `upstream`'s body,
 /// every path proxied to it (with `location`'s directives).
-async fn both(upstream: &str, location: &str) -> (Nginx, SocketAddr, TestProxy) {
+pub(crate) async fn both(upstream: &str, location: &str) -> (Nginx, SocketAddr, TestProxy) {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let conf = format!(
@@ -86,7 +94,7 @@ http {{
             &format!("127.0.0.1:{port}"),
             &format!("127.0.0.1:{}", free_port()),
         )
-        + "admin: { enabled: false }\nlog: { access_log: false }\n";
+        + "admin: { bind: \"127.0.0.1:0\", token: \"tollgate-test-token\" }\nlog: { access_log: false }\n";
     let proxy = TestProxy::spawn(&yaml).await;
     let (nginx, addr) = launch(dir, port).await;
     (nginx, addr, proxy)
@@ -95,11 +103,11 @@ http {{
 /// The names of the targets that answered `n` requests sent one after
 /// another on one keep-alive connection (`!<status>` for an answer that
 /// is not a 200).
-async fn sequence(addr: SocketAddr, n: usize) -> Vec<String> {
+pub(crate) async fn sequence(addr: SocketAddr, n: usize) -> Vec<String> {
     sequence_of("GET", addr, n).await
 }
 
-async fn sequence_of(method: &str, addr: SocketAddr, n: usize) -> Vec<String> {
+pub(crate) async fn sequence_of(method: &str, addr: SocketAddr, n: usize) -> Vec<String> {
     let mut c = h1(addr).await;
     let mut seen = Vec::with_capacity(n);
     for _ in 0..n {
@@ -113,7 +121,7 @@ async fn sequence_of(method: &str, addr: SocketAddr, n: usize) -> Vec<String> {
     seen
 }
 
-fn count(seq: &[String], name: &str) -> usize {
+pub(crate) fn count(seq: &[String], name: &str) -> usize {
     seq.iter().filter(|s| *s == name).count()
 }
 
@@ -182,7 +190,7 @@ async fn a_backup_serves_only_when_the_primaries_refuse_as_in_nginx() {
 }
 
 /// A backend that accepts connections and never answers (hung).
-async fn hung() -> SocketAddr {
+pub(crate) async fn hung() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

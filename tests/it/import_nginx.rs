@@ -18,8 +18,7 @@ const CASES: [(&str, i32); 11] = [
     ("real-ip", 0),
     ("includes", 0),
     ("tls", 0),
-    // least_conn and max_fails are not translated yet: NOT EQUIVALENT.
-    ("upstreams", 2),
+    ("upstreams", 0),
     ("phases", 0),
     ("replay", 0),
     ("unsupported", 2),
@@ -247,4 +246,46 @@ if bad:
             );
         }
     }
+}
+
+/// An upstream rule the import cannot keep (a hash key it cannot read,
+/// a per-server parameter or directive it does not know, locations that
+/// retry differently into one upstream) changes which target serves a
+/// request: each is named with its line, and the import exits 2.
+#[test]
+fn upstream_rules_that_cannot_be_kept_are_named_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("nginx.conf"),
+        "events {}
+http {
+    upstream app {
+        hash $upstream_addr;
+        server 10.0.0.1:80;
+        server 10.0.0.2:80 slow_start=30s;
+        ntlm;
+    }
+    server {
+        listen 8080;
+        location /one/ { proxy_next_upstream error http_502; proxy_pass http://app; }
+        location /two/ { proxy_pass http://app; }
+    }
+}
+",
+    )
+    .unwrap();
+    let out = import_in(dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for want in [
+        "nginx.conf:4: NOT EQUIVALENT: upstream app: hash key \"$upstream_addr\": $upstream_addr is not a variable",
+        "nginx.conf:6: NOT EQUIVALENT: upstream app: slow_start=30s: not translated",
+        "nginx.conf:7: NOT EQUIVALENT: upstream app: ntlm is not translated",
+        "nginx.conf:12: NOT EQUIVALENT: location /two/: proxy_next_upstream differs",
+    ] {
+        assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
+    }
+    // What could be kept is kept.
+    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
+    assert!(yaml.contains("- http_502"), "{yaml}");
 }

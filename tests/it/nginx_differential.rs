@@ -133,7 +133,7 @@ async fn start(case: &str, echo: SocketAddr, ca: Option<&TestCa>) -> (Nginx, Soc
         .output()
         .unwrap();
     // Every upstream server is rewritten to the one echo server, so an
-    // upstream rule the import could not keep (least_conn, max_fails)
+    // upstream rule the import could not keep
     // changes nothing these traces see.
     let stderr = String::from_utf8_lossy(&import.stderr);
     let only_balancing = stderr

@@ -93,7 +93,6 @@ const HARMLESS: &[&str] = &[
     "proxy_buffer_size",
     "proxy_redirect",
     "proxy_send_timeout",
-    "proxy_next_upstream",
     "ssl_protocols",
     "ssl_ciphers",
     "ssl_prefer_server_ciphers",
@@ -179,6 +178,8 @@ struct Inherited {
     body_size: Option<String>,
     connect_timeout: Option<Text>,
     read_timeout: Option<Text>,
+    /// `proxy_next_upstream`, `_tries`, `_timeout`; then `grpc_`'s.
+    next: [crate::config::raw::RawNextUpstream; 2],
     allow: Vec<(String, String, Place)>,
     /// `ssl_session_tickets on|off`.
     session_tickets: Option<bool>,
@@ -254,8 +255,14 @@ struct Upstream {
     /// Reached by `grpc_pass`: HTTP/2.
     h2: bool,
     keepalive: Option<String>,
+    keepalive_timeout: Option<Text>,
     connect_timeout: Option<Text>,
     read_timeout: Option<Text>,
+    /// `least_conn`, `hash $x consistent`... in tollgate's words.
+    balance: Option<String>,
+    /// From the first location that proxies to it (`Some(None)`: nginx's
+    /// defaults).
+    next_upstream: Option<Option<crate::config::raw::RawNextUpstream>>,
 }
 
 #[derive(Default)]
@@ -305,6 +312,13 @@ impl Out {
             "client_max_body_size" => inh.body_size = Some(size(&arg(0))),
             "proxy_connect_timeout" => inh.connect_timeout = Some(duration(&arg(0))),
             "proxy_read_timeout" => inh.read_timeout = Some(duration(&arg(0))),
+            // [0] proxy_pass's, [1] grpc_pass's.
+            "proxy_next_upstream" => inh.next[0].on = Some(d.args.clone()),
+            "grpc_next_upstream" => inh.next[1].on = Some(d.args.clone()),
+            "proxy_next_upstream_tries" => inh.next[0].tries = Some(Text(arg(0))),
+            "grpc_next_upstream_tries" => inh.next[1].tries = Some(Text(arg(0))),
+            "proxy_next_upstream_timeout" => inh.next[0].timeout = Some(duration(&arg(0))),
+            "grpc_next_upstream_timeout" => inh.next[1].timeout = Some(duration(&arg(0))),
             "ssl_session_tickets" => inh.session_tickets = Some(arg(0) == "on"),
             "allow" | "deny" => inh.allow.push((d.name.clone(), arg(0), d.at.clone())),
             "set_real_ip_from" => {

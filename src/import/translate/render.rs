@@ -200,6 +200,9 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
             timeout: u.read_timeout.clone(),
             max_idle_per_target: u.keepalive.as_ref().map(|k| Text(k.clone())),
             protocol: u.h2.then(|| "h2".to_owned()),
+            idle_timeout: u.keepalive_timeout.clone(),
+            balance: u.balance.clone(),
+            next_upstream: u.next_upstream.clone().flatten(),
             ..RawUpstream::default()
         };
         (String::new(), yaml_safe(name), raw)

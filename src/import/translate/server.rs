@@ -282,6 +282,7 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
     let mut own = parent.child();
     let mut action: Option<Option<Action>> = None;
     let mut upstream_used: Option<String> = None;
+    let mut grpc = false;
     let mut comments = Vec::new();
     let notes_before = out.notes.len();
     for d in block {
@@ -292,6 +293,7 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
             ("proxy_pass" | "grpc_pass", None) => {
                 let found = proxy_pass(d, out);
                 upstream_used = found.as_ref().map(|(_, u)| u.clone());
+                grpc = d.name == "grpc_pass";
                 action = Some(found.map(|(a, _)| a));
             }
             ("return", None) => action = Some(return_action(d, out)),
@@ -311,6 +313,16 @@ fn location(l: &Directive, hosts: &[Option<String>], out: &mut Out, parent: &Inh
         }
         if u.read_timeout.is_none() {
             u.read_timeout = merged.read_timeout.clone();
+        }
+        let next = Some(super::upstream::next_upstream(
+            &merged.next[usize::from(grpc)],
+        ));
+        match &u.next_upstream {
+            None => u.next_upstream = next,
+            Some(first) if format!("{next:?}") != format!("{:?}", Some(first)) => {
+                out.note(&l.at, Severity::Lost, format!("location {path}: proxy_next_upstream differs from that of the first location proxying to the same upstream; tollgate keeps one per upstream (the first's)"));
+            }
+            Some(_) => {}
         }
     }
     match action {

@@ -1,81 +1,141 @@
 //! An `upstream {}` block -> an upstream: each `server` a target, its
-//! `weight`, `backup`, `down`, `max_fails` and `fail_timeout` a target
-//! map; what changes which target
-//! serves a request and is not translated is a NOT EQUIVALENT note.
+//! `weight`, `backup`, `down`, `max_fails`, `fail_timeout` and
+//! `max_conns` a target map; `least_conn`, `random`, `hash` and `ip_hash`
+//! its `balance`; `keepalive` and `keepalive_timeout` its pool; and a
+//! location's `proxy_next_upstream`, `_tries` and `_timeout` its
+//! `next_upstream`. What changes which target serves a request and is not
+//! translated is a NOT EQUIVALENT note.
 
 use super::{Out, Severity, Upstream};
-use crate::config::raw::{RawTarget, RawTargetMap, Text};
+use crate::config::raw::{RawNextUpstream, RawTarget, RawTargetMap, Text};
 use crate::import::reader::Directive;
 
 pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
     let name = d.args.first().cloned().unwrap_or_default();
     let mut u = Upstream::default();
     for s in block {
+        let lost = |out: &mut Out, why: String| {
+            out.note(&s.at, Severity::Lost, format!("upstream {name}: {why}"))
+        };
         match s.name.as_str() {
             "server" => {
-                let target = s.args.first().cloned().unwrap_or_default();
-                if target.starts_with("unix:") {
-                    out.note(
-                        &s.at,
-                        Severity::Lost,
-                        "tollgate reaches upstreams over TCP only",
-                    );
-                    continue;
+                if let Some(t) = server(s, &name, out) {
+                    u.targets.push(t);
                 }
-                let has_port = target
-                    .rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.ends_with(':') && p.parse::<u16>().is_ok());
-                let address = if has_port {
-                    target
-                } else {
-                    format!("{target}:80")
-                };
-                let mut map = RawTargetMap {
-                    address: Text(address),
-                    ..RawTargetMap::default()
-                };
-                for p in &s.args[1..] {
-                    let (what, value) = p.split_once('=').unwrap_or((p, ""));
-                    match what {
-                        "weight" => map.weight = Some(Text(value.to_owned())),
-                        "backup" => map.backup = Some(true),
-                        "down" => map.down = Some(true),
-                        "max_fails" => map.max_fails = Some(Text(value.to_owned())),
-                        "fail_timeout" => map.fail_timeout = Some(super::duration(value)),
-                        _ => {
-                            let why = match what {
-                                "max_conns" => "requests in flight per target are not capped",
-                                _ => "not translated",
-                            };
-                            out.note(
-                                &s.at,
-                                Severity::Lost,
-                                format!("upstream {name}: {p}: {why}"),
-                            );
-                        }
-                    }
-                }
-                let plain = map
-                    == RawTargetMap {
-                        address: map.address.clone(),
-                        ..RawTargetMap::default()
-                    };
-                u.targets.push(if plain {
-                    RawTarget::Address(map.address)
-                } else {
-                    RawTarget::With(map)
-                });
             }
             "keepalive" => u.keepalive = s.args.first().cloned(),
-            _ => out.note(
-                &s.at,
-                Severity::Lost,
-                format!(
-                    "upstream {name}: {} is not translated (weighted round robin)",
-                    s.name
+            "keepalive_timeout" => u.keepalive_timeout = s.args.first().map(|v| super::duration(v)),
+            // Shared state is what tollgate keeps anyway; the pool's
+            // request count per connection is not capped.
+            "zone" | "keepalive_requests" | "keepalive_time" => {}
+            "least_conn" | "ip_hash" => u.balance = Some(s.name.clone()),
+            "random" => match s.args.as_slice() {
+                [] => u.balance = Some("random".into()),
+                [two] | [two, _] if two == "two" => {
+                    u.balance = Some("random two least_conn".into())
+                }
+                _ => lost(
+                    out,
+                    format!("random {} is not translated", s.args.join(" ")),
                 ),
+            },
+            "hash" => {
+                let key = s.args.first().cloned().unwrap_or_default();
+                match crate::config::balance::hash_key(&key) {
+                    Ok(_) => {
+                        let consistent = s.args.get(1).is_some_and(|a| a == "consistent");
+                        u.balance = Some(if consistent {
+                            format!("hash {key} consistent")
+                        } else {
+                            format!("hash {key}")
+                        });
+                    }
+                    Err(why) => lost(
+                        out,
+                        format!("{why}; requests are balanced by round robin instead"),
+                    ),
+                }
+            }
+            other => lost(
+                out,
+                format!("{other} is not translated (weighted round robin)"),
             ),
         }
     }
     out.upstreams.insert(name, u);
+}
+
+/// One `server` line as a target; `None` (with a note) for what tollgate
+/// cannot reach.
+fn server(s: &Directive, name: &str, out: &mut Out) -> Option<RawTarget> {
+    let target = s.args.first().cloned().unwrap_or_default();
+    if target.starts_with("unix:") {
+        out.note(
+            &s.at,
+            Severity::Lost,
+            "tollgate reaches upstreams over TCP only",
+        );
+        return None;
+    }
+    let has_port = target
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.ends_with(':') && p.parse::<u16>().is_ok());
+    let address = if has_port {
+        target
+    } else {
+        format!("{target}:80")
+    };
+    let mut map = RawTargetMap {
+        address: Text(address),
+        ..RawTargetMap::default()
+    };
+    for p in &s.args[1..] {
+        let (what, value) = p.split_once('=').unwrap_or((p, ""));
+        let value = || Some(Text(value.to_owned()));
+        match what {
+            "weight" => map.weight = value(),
+            "backup" => map.backup = Some(true),
+            "down" => map.down = Some(true),
+            "max_fails" => map.max_fails = value(),
+            "fail_timeout" => map.fail_timeout = Some(super::duration(&value()?.0)),
+            "max_conns" => map.max_conns = value(),
+            _ => out.note(
+                &s.at,
+                Severity::Lost,
+                format!("upstream {name}: {p}: not translated"),
+            ),
+        }
+    }
+    let plain = map
+        == RawTargetMap {
+            address: map.address.clone(),
+            ..RawTargetMap::default()
+        };
+    Some(if plain {
+        RawTarget::Address(map.address)
+    } else {
+        RawTarget::With(map)
+    })
+}
+
+/// A location's `proxy_next_upstream` (or `grpc_next_upstream`), `_tries`
+/// and `_timeout` as the upstream's `next_upstream` (`None`: nginx's
+/// defaults, tollgate's too).
+pub(super) fn next_upstream(next: &RawNextUpstream) -> Option<RawNextUpstream> {
+    if next.on.is_none() && next.tries.is_none() && next.timeout.is_none() {
+        return None;
+    }
+    let zero = |t: &Option<Text>| t.as_ref().is_some_and(|t| t.0 == "0" || t.0 == "0s");
+    Some(RawNextUpstream {
+        // (`updating` is about a cache's stale answers: nothing here)
+        on: next
+            .on
+            .as_ref()
+            .map(|on| on.iter().filter(|c| *c != "updating").cloned().collect()),
+        // nginx's 0 is "no limit", as tollgate's tries; its timeout 0
+        // too, which tollgate writes by leaving it out.
+        tries: next.tries.clone(),
+        timeout: next.timeout.clone().filter(|_| !zero(&next.timeout)),
+        max_body: None,
+    })
 }

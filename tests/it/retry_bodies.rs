@@ -1,0 +1,181 @@
+//! What a retry may send again, over HTTP/1.1 and HTTP/2 upstreams: a
+//! body kept whole (up to `next_upstream.max_body`) reaches the next
+//! target intact; POST goes on only with `non_idempotent` listed; a body
+//! too large to keep is never sent twice; a listed 429 is retried and an
+//! unlisted one passed on; a drained target takes nothing.
+
+use std::net::SocketAddr;
+
+use http::Request;
+use http_body_util::BodyExt;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use crate::common::*;
+
+/// A backend answering `status` with `<name> <bytes of body received>`,
+/// over HTTP/1.1 or h2c.
+async fn counting(name: &'static str, status: u16) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| async move {
+                    let body = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes().len())
+                        .unwrap_or(0);
+                    let mut res = http::Response::new(full(format!("{name} {body}")));
+                    *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                    Ok::<_, std::convert::Infallible>(res)
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn proxy(bad: SocketAddr, good: SocketAddr, protocol: &str, on: &str) -> TestProxy {
+    TestProxy::spawn(&format!(
+        r#"
+listeners: [{{ bind: "127.0.0.1:0" }}]
+admin: {{ bind: "127.0.0.1:0", token: "tollgate-test-token" }}
+upstreams:
+  app:
+    targets: [{{ address: "{bad}", max_fails: 0 }}, "{good}"]
+    protocol: {protocol}
+    next_upstream: {{ on: [{on}], max_body: 64KiB }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: app }}]
+"#
+    ))
+    .await
+}
+
+async fn call(proxy: &TestProxy, method: &str, bytes: usize) -> (u16, String) {
+    let mut c = h1(proxy.addr()).await;
+    let got = send1(&mut c, request(method, "/", full(vec![b'x'; bytes]))).await;
+    (
+        got.status.as_u16(),
+        String::from_utf8_lossy(&got.body).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_bodies_are_sent_again_whole_and_writes_only_when_allowed() {
+    let default = "error, timeout, http_502";
+    let writes = "error, timeout, http_502, non_idempotent";
+    for protocol in ["http1", "h2"] {
+        let (bad, good) = (counting("bad", 502).await, counting("good", 200).await);
+        // A new proxy per request: its first attempt goes to `bad`.
+        let first = |on: &'static str, method: &'static str, bytes: usize| async move {
+            call(&proxy(bad, good, protocol, on).await, method, bytes).await
+        };
+        // PUT is kept whole and sent again.
+        assert_eq!(
+            first(default, "PUT", 10_000).await,
+            (200, "good 10000".into()),
+            "{protocol}"
+        );
+        // POST was sent: not passed on; bad's 502 comes back as it is.
+        assert_eq!(
+            first(default, "POST", 100).await,
+            (502, "bad 100".into()),
+            "{protocol}"
+        );
+        // Too large to keep: never sent twice.
+        assert_eq!(
+            first(default, "PUT", 100_000).await,
+            (502, "bad 100000".into()),
+            "{protocol}"
+        );
+        assert_eq!(
+            first(writes, "POST", 100).await,
+            (200, "good 100".into()),
+            "{protocol}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_an_answer_unless_listed() {
+    for protocol in ["http1", "h2"] {
+        let (busy, good) = (counting("busy", 429).await, counting("good", 200).await);
+        let p = proxy(busy, good, protocol, "error, timeout").await;
+        assert_eq!(
+            call(&p, "GET", 0).await,
+            (429, "busy 0".into()),
+            "{protocol}"
+        );
+        let p = proxy(busy, good, protocol, "error, timeout, http_429").await;
+        assert_eq!(
+            call(&p, "GET", 0).await,
+            (200, "good 0".into()),
+            "{protocol}"
+        );
+    }
+}
+
+/// `PUT /api/upstreams/app/<target> {"down": true}` drains a target: no
+/// new requests until it is set back; the API and the metrics show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_target_takes_no_requests_until_set_back() {
+    let (a, b) = (counting("a", 200).await, counting("b", 200).await);
+    let p = proxy(a, b, "http1", "error, timeout").await;
+    let token = "tollgate-test-token";
+    let put = |down: bool| {
+        let path = format!("/api/upstreams/app/{a}");
+        let body = format!("{{\"down\": {down}}}");
+        let p = &p;
+        async move { admin_with(p, token, "PUT", &path, Some(&body)).await }
+    };
+    let got = put(true).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    let api: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(api["target"]["state"], "draining", "{api}");
+    for _ in 0..6 {
+        assert_eq!(call(&p, "GET", 0).await, (200, "b 0".into()));
+    }
+    let metrics = admin_with(&p, token, "GET", "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_upstream_target_up{{upstream=\"app\",target=\"{a}\"}} 0"
+        )),
+        "{metrics}"
+    );
+    assert_eq!(put(false).await.status, 200);
+    let seen: Vec<String> = futures_util::future::join_all((0..4).map(|_| call(&p, "GET", 0)))
+        .await
+        .into_iter()
+        .map(|(_, body)| body)
+        .collect();
+    assert!(
+        seen.iter().any(|s| s == "a 0"),
+        "back in the rotation: {seen:?}"
+    );
+    // Unknown names are 404 problems; a body without `down` a 400.
+    assert_eq!(
+        admin_with(
+            &p,
+            token,
+            "PUT",
+            "/api/upstreams/nope/x:1",
+            Some("{\"down\":true}")
+        )
+        .await
+        .status,
+        404
+    );
+    let path = format!("/api/upstreams/app/{a}");
+    assert_eq!(
+        admin_with(&p, token, "PUT", &path, Some("{}")).await.status,
+        400
+    );
+}
