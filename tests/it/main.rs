@@ -44,3 +44,4 @@ mod tls;
 mod upgrades;
 mod upstream_failures;
 mod upstream_h1;
+mod upstream_view;
