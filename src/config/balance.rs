@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::checker::Checker;
 use super::compiled::*;
-use super::raw::RawNextUpstream;
+use super::raw::{RawNextUpstream, RawResolver};
 
 /// `balance` at `path`: `round_robin` (default), `least_conn`, `random`,
 /// `random two`, `random two least_conn`, `ip_hash`, `hash <key>
@@ -166,6 +166,41 @@ pub(super) fn next_upstream(
     }
     next.max_body = c.size(&format!("{path}.max_body"), &raw.max_body, next.max_body);
     next
+}
+
+/// `resolver` at `path`: the DNS server (`ip[:port]`), `valid`, `timeout`.
+pub(super) fn resolver(c: &mut Checker, path: &str, raw: Option<&RawResolver>) -> Resolver {
+    let mut r = Resolver::default();
+    let Some(raw) = raw else {
+        return r;
+    };
+    if let Some(a) = &raw.address {
+        let with_port = if a.parse::<std::net::IpAddr>().is_ok() {
+            if a.contains(':') {
+                format!("[{a}]:53")
+            } else {
+                format!("{a}:53")
+            }
+        } else {
+            a.clone()
+        };
+        match with_port.parse() {
+            Ok(addr) => r.address = Some(addr),
+            Err(_) => c.report(
+                format!("{path}.address"),
+                format!("expected an IP address with an optional port (10.0.0.2, 10.0.0.2:5353), got \"{a}\""),
+            ),
+        }
+    }
+    if raw.valid.is_some() {
+        r.valid = Some(c.positive_duration(
+            &format!("{path}.valid"),
+            &raw.valid,
+            Duration::from_secs(30),
+        ));
+    }
+    r.timeout = c.positive_duration(&format!("{path}.timeout"), &raw.timeout, r.timeout);
+    r
 }
 
 /// nginx refuses `backup` with the methods that pick by key or at random.

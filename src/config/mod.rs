@@ -221,10 +221,27 @@ impl Config {
         }
         let _ = writeln!(s, "upstreams:");
         for u in &self.upstreams {
-            let targets: Vec<&str> = u.targets.iter().map(|t| t.authority.as_str()).collect();
+            let targets: Vec<String> = u
+                .targets
+                .iter()
+                .map(|t| {
+                    let mut shown = t.authority.clone();
+                    for (on, word) in [
+                        (t.resolve, " (resolve)"),
+                        (t.backup, " (backup)"),
+                        (t.down, " (down)"),
+                    ] {
+                        if on {
+                            shown.push_str(word);
+                        }
+                    }
+                    shown
+                })
+                .collect();
+            let retries = u.next_upstream.on_names().join(" ");
             let _ = writeln!(
                 s,
-                "  {:<12} {}{}{}  connect {} / timeout {}",
+                "  {:<12} {}{}{}  {}, next_upstream {}  connect {} / timeout {}",
                 u.name,
                 if u.tls.is_some() { "https " } else { "" },
                 match u.protocol {
@@ -233,6 +250,8 @@ impl Config {
                     UpstreamProtocol::Auto => "auto ",
                 },
                 targets.join(", "),
+                u.balance,
+                if retries.is_empty() { "off" } else { &retries },
                 units::format_duration(u.connect_timeout),
                 units::format_duration(u.timeout),
             );

@@ -235,6 +235,16 @@ pub struct RawUpstream {
     /// `hash <key> [consistent]`.
     pub balance: Option<String>,
     pub next_upstream: Option<RawNextUpstream>,
+    pub resolver: Option<RawResolver>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResolver {
+    /// `ip[:port]` (port 53 when left out).
+    pub address: Option<String>,
+    pub valid: Option<Text>,
+    pub timeout: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -271,6 +281,8 @@ pub struct RawTargetMap {
     pub fail_timeout: Option<Text>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_conns: Option<Text>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolve: Option<bool>,
 }
 
 /// A string, or a map whose unknown keys are refused by name (serde's

@@ -152,6 +152,7 @@ pub(super) fn upstreams(
             ),
             balance,
             next_upstream,
+            resolver: super::balance::resolver(c, &format!("{path}.resolver"), u.resolver.as_ref()),
         };
         index.insert(name.clone(), out.len());
         out.push(upstream);
@@ -214,6 +215,13 @@ fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
             0,
             1_000_000,
         );
+        t.resolve = m.resolve.unwrap_or(false);
+        if t.resolve && t.host.parse::<std::net::IpAddr>().is_ok() {
+            c.report(
+                format!("{path}.resolve"),
+                format!("\"{}\" is an address, not a name to resolve", t.host),
+            );
+        }
         if m.fail_timeout.is_some() {
             t.fail_timeout = Some(c.positive_duration(
                 &format!("{path}.fail_timeout"),
@@ -258,5 +266,8 @@ pub(super) fn parse_target(text: &str) -> Result<Target, String> {
         max_fails: 1,
         fail_timeout: None,
         max_conns: 0,
+        resolve: false,
+        addr: None,
+        entry: None,
     })
 }

@@ -456,6 +456,12 @@ impl Scrape {
             "Times a target was marked down: max_fails failures (connect errors, timeouts, lost connections, answers that are not HTTP, listed statuses but 403 and 404) within fail_timeout.",
             per_target(|t| t.marked_down as i64).map(|(l, n)| (l, n as u64)),
         )?;
+        counter(
+            e,
+            "tollgate_upstream_resolve_failures",
+            "DNS lookups of an upstream's resolve targets that failed or came back empty (the last good addresses were kept).",
+            upstreams.iter().filter_map(|u| Some((vec![("upstream", u.name.to_string())], u.resolve_failures?))),
+        )?;
         gauge(
             e,
             "tollgate_upstream_target_up",

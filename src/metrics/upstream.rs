@@ -10,6 +10,9 @@ use super::HistogramSnapshot;
 pub struct UpstreamReport {
     pub name: Arc<str>,
     pub targets: Vec<TargetReport>,
+    /// DNS lookups of its `resolve` targets that failed or came back
+    /// empty (`None`: it resolves no name).
+    pub resolve_failures: Option<u64>,
     /// Time to the response head.
     pub duration: HistogramSnapshot,
     /// HTTP/2 connections open and streams running on them (`None`: the

@@ -289,3 +289,54 @@ http {
     let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
     assert!(yaml.contains("- http_502"), "{yaml}");
 }
+
+/// `server name resolve` (nginx 1.27.3+) with the http level's
+/// `resolver address valid=` and `resolver_timeout`: a target that
+/// resolves, and its upstream's resolver; the config checks.
+#[test]
+fn resolved_servers_and_their_resolver_are_imported() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("nginx.conf"),
+        "events {}
+http {
+    resolver 10.0.0.2:5353 10.0.0.3 valid=30s;
+    resolver_timeout 2s;
+    upstream app {
+        zone app 64k;
+        server backend.internal:8080 resolve max_fails=2;
+        server 10.0.0.9:8080 backup;
+    }
+    server {
+        listen 8080;
+        location / { proxy_pass http://app; }
+    }
+}
+",
+    )
+    .unwrap();
+    let out = import_in(dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("resolver: 10.0.0.3 left out"), "{stderr}");
+    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
+    for want in [
+        "address: backend.internal:8080",
+        "resolve: true",
+        "address: 10.0.0.2:5353",
+        "valid: 30s",
+        "timeout: 2s",
+    ] {
+        assert!(yaml.contains(want), "missing {want:?} in:\n{yaml}");
+    }
+    let check = Command::new(BIN)
+        .args(["check", "--config", "tollgate.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}

@@ -37,6 +37,7 @@ mod redis_store;
 mod reload;
 mod replay;
 mod request_order;
+mod resolve;
 mod retry_bodies;
 mod shared_conns;
 mod streaming;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 pub use crate::metrics::Failure;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct UpstreamConfig {
     pub name: String,
     pub targets: Vec<Target>,
@@ -33,6 +33,30 @@ pub struct UpstreamConfig {
     /// When a request goes on to another target (nginx
     /// `proxy_next_upstream`).
     pub next_upstream: NextUpstream,
+    /// How targets with `resolve` are looked up (nginx `resolver`).
+    pub resolver: Resolver,
+}
+
+/// nginx `resolver address valid=... ` and `resolver_timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolver {
+    /// The DNS server asked (`None`: the system's, from /etc/resolv.conf).
+    pub address: Option<std::net::SocketAddr>,
+    /// How long an answer is used before it is asked again (`None`: its
+    /// records' TTL, within 1 s and 1 h).
+    pub valid: Option<Duration>,
+    /// How long one lookup may take.
+    pub timeout: Duration,
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Resolver {
+            address: None,
+            valid: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 /// nginx's balancing methods.
@@ -158,6 +182,14 @@ impl NextUpstream {
             .map(|i| 1 << i)
     }
 
+    /// The conditions listed, by name.
+    pub fn on_names(&self) -> Vec<&'static str> {
+        (0..Self::CONDITIONS.len())
+            .filter(|i| self.on & (1 << i) != 0)
+            .map(|i| Self::CONDITIONS[i])
+            .collect()
+    }
+
     pub fn lists(&self, condition: &str) -> bool {
         Self::bit(condition).is_some_and(|b| self.on & b != 0)
     }
@@ -205,8 +237,17 @@ pub struct Target {
     pub fail_timeout: Option<Duration>,
     /// Requests in flight it takes at most (0: no cap; nginx `max_conns`).
     pub max_conns: u32,
+    /// Its host name is looked up in the background and each address is a
+    /// target of its own (nginx `server ... resolve`).
+    pub resolve: bool,
+    /// A target an address of a `resolve` entry became: that address (its
+    /// `host` stays the name, for TLS and `Host`).
+    pub addr: Option<std::net::SocketAddr>,
+    /// ... and the entry's `host:port`.
+    pub entry: Option<String>,
 }
 
+#[derive(Clone)]
 pub struct UpstreamTls {
     pub config: Arc<rustls::ClientConfig>,
     /// Overrides the name sent in SNI and checked against the certificate.
@@ -225,7 +266,7 @@ impl Target {
     /// The name it was configured by, which `hash ... consistent` places
     /// on its ring (nginx's server name).
     pub fn name(&self) -> &str {
-        &self.authority
+        self.entry.as_deref().unwrap_or(&self.authority)
     }
 }
 

@@ -308,3 +308,53 @@ routes:
         "{unknown:?}"
     );
 }
+
+#[test]
+fn balancing_retries_and_resolving_name_their_mistakes() {
+    let ok = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  a:
+    targets: [{ address: 'api.internal:80', resolve: true, max_conns: 10 }, '127.0.0.1:81']
+    balance: hash $cookie_session consistent
+    next_upstream: { on: [error, http_503, non_idempotent], tries: 2, timeout: 3s, max_body: 8KiB }
+    resolver: { address: 10.0.0.2, valid: 30s }
+",
+        &|_| None,
+    )
+    .unwrap();
+    let u = &ok.upstreams[0];
+    assert_eq!(u.balance.to_string(), "hash $cookie_session consistent");
+    assert_eq!(
+        (u.next_upstream.tries, u.next_upstream.max_body),
+        (2, 8 * 1024)
+    );
+    assert!(u.next_upstream.lists("http_503") && !u.next_upstream.lists("timeout"));
+    assert_eq!(u.resolver.address, Some("10.0.0.2:53".parse().unwrap()));
+    assert!(u.targets[0].resolve && u.targets[0].max_conns == 10);
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+upstreams:
+  a: { targets: ['127.0.0.1:1'], balance: fastest }
+  b: { targets: ['127.0.0.1:1', { address: '127.0.0.1:2', backup: true }], balance: ip_hash }
+  c: { targets: ['127.0.0.1:1'], balance: 'hash $upstream_addr' }
+  d: { targets: ['127.0.0.1:1'], next_upstream: { on: [error, http_501] } }
+  e: { targets: ['127.0.0.1:1'], next_upstream: { on: [off], tries: 3 } }
+  f: { targets: [{ address: '127.0.0.1:1', resolve: true }], resolver: { address: 'dns.example' } }
+  g: { targets: [{ address: '127.0.0.1:1', max_conns: -1 }] }
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &[
+            "upstreams.a.balance: expected round_robin, least_conn, random",
+            "upstreams.b.targets[1].backup: backup targets cannot be used with balance ip_hash",
+            "upstreams.c.balance: hash key \"$upstream_addr\": $upstream_addr is not a variable",
+            "upstreams.d.next_upstream.on[1]: unknown condition \"http_501\"",
+            "upstreams.e.next_upstream.tries: tries without a condition",
+            "upstreams.f.targets[0].resolve: \"127.0.0.1\" is an address, not a name to resolve",
+            "upstreams.f.resolver.address: expected an IP address",
+            "upstreams.g.targets[0].max_conns:",
+        ],
+    );
+}

@@ -108,8 +108,6 @@ const HARMLESS: &[&str] = &[
     "keepalive_requests",
     "send_timeout",
     "reset_timedout_connection",
-    "resolver",
-    "resolver_timeout",
     "limit_req_log_level",
     "limit_conn_log_level",
     "server_names_hash_bucket_size",
@@ -260,6 +258,8 @@ struct Upstream {
     read_timeout: Option<Text>,
     /// `least_conn`, `hash $x consistent`... in tollgate's words.
     balance: Option<String>,
+    /// Its own `resolver` (nginx 1.27.3+), else the http level's.
+    resolver: Option<crate::config::raw::RawResolver>,
     /// From the first location that proxies to it (`Some(None)`: nginx's
     /// defaults).
     next_upstream: Option<Option<crate::config::raw::RawNextUpstream>>,
@@ -278,6 +278,8 @@ struct Out {
     routes: Vec<Route>,
     trusted: Vec<String>,
     real_ip_header: Option<String>,
+    /// `resolver` and `resolver_timeout`, for upstreams with `resolve`.
+    resolver: crate::config::raw::RawResolver,
     server: RawServer,
     /// Variables set by `map` / `geo` / `set`, and where.
     mapped: BTreeMap<String, Place>,
@@ -321,6 +323,11 @@ impl Out {
             "grpc_next_upstream_timeout" => inh.next[1].timeout = Some(duration(&arg(0))),
             "ssl_session_tickets" => inh.session_tickets = Some(arg(0) == "on"),
             "allow" | "deny" => inh.allow.push((d.name.clone(), arg(0), d.at.clone())),
+            "resolver" | "resolver_timeout" => {
+                if let Some(why) = upstream::resolver(d, &mut self.resolver) {
+                    self.note(&d.at, Severity::Skipped, why);
+                }
+            }
             "set_real_ip_from" => {
                 if arg(0).starts_with("unix:") {
                     self.note(

@@ -203,6 +203,12 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
             idle_timeout: u.keepalive_timeout.clone(),
             balance: u.balance.clone(),
             next_upstream: u.next_upstream.clone().flatten(),
+            // Only where a target resolves a name.
+            resolver: u
+                .targets
+                .iter()
+                .any(|t| matches!(t, crate::config::raw::RawTarget::With(m) if m.resolve == Some(true)))
+                .then(|| u.resolver.clone().unwrap_or_else(|| out.resolver.clone())),
             ..RawUpstream::default()
         };
         (String::new(), yaml_safe(name), raw)

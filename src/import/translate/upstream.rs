@@ -7,7 +7,7 @@
 //! translated is a NOT EQUIVALENT note.
 
 use super::{Out, Severity, Upstream};
-use crate::config::raw::{RawNextUpstream, RawTarget, RawTargetMap, Text};
+use crate::config::raw::{RawNextUpstream, RawResolver, RawTarget, RawTargetMap, Text};
 use crate::import::reader::Directive;
 
 pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
@@ -28,6 +28,13 @@ pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
             // Shared state is what tollgate keeps anyway; the pool's
             // request count per connection is not capped.
             "zone" | "keepalive_requests" | "keepalive_time" => {}
+            "resolver" | "resolver_timeout" => {
+                let mut own = u.resolver.take().unwrap_or_default();
+                if let Some(why) = resolver(s, &mut own) {
+                    out.note(&s.at, Severity::Skipped, why);
+                }
+                u.resolver = Some(own);
+            }
             "least_conn" | "ip_hash" => u.balance = Some(s.name.clone()),
             "random" => match s.args.as_slice() {
                 [] => u.balance = Some("random".into()),
@@ -99,6 +106,7 @@ fn server(s: &Directive, name: &str, out: &mut Out) -> Option<RawTarget> {
             "max_fails" => map.max_fails = value(),
             "fail_timeout" => map.fail_timeout = Some(super::duration(&value()?.0)),
             "max_conns" => map.max_conns = value(),
+            "resolve" => map.resolve = Some(true),
             _ => out.note(
                 &s.at,
                 Severity::Lost,
@@ -115,6 +123,33 @@ fn server(s: &Directive, name: &str, out: &mut Out) -> Option<RawTarget> {
         RawTarget::Address(map.address)
     } else {
         RawTarget::With(map)
+    })
+}
+
+/// `resolver address ... [valid=time]` or `resolver_timeout time` into
+/// `r`; a note when something is left out.
+pub(super) fn resolver(d: &Directive, r: &mut RawResolver) -> Option<String> {
+    if d.name == "resolver_timeout" {
+        r.timeout = d.args.first().map(|t| super::duration(t));
+        return None;
+    }
+    let mut left = Vec::new();
+    for a in &d.args {
+        if let Some(valid) = a.strip_prefix("valid=") {
+            r.valid = Some(super::duration(valid));
+        } else if a.contains('=') {
+            left.push(a.clone());
+        } else if r.address.is_none() {
+            r.address = Some(a.clone());
+        } else {
+            left.push(a.clone());
+        }
+    }
+    (!left.is_empty()).then(|| {
+        format!(
+            "resolver: {} left out (tollgate asks the first server only)",
+            left.join(" ")
+        )
     })
 }
 

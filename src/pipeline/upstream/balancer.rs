@@ -122,14 +122,6 @@ impl Balancer {
         }
     }
 
-    /// Whether picks read a key ([`BalanceKey`]) from the request.
-    pub fn keyed(&self) -> bool {
-        matches!(
-            self.method,
-            Method::Hash | Method::Consistent(_) | Method::IpHash
-        )
-    }
-
     /// The next target among those `usable` says may take the request
     /// (not tried yet, not marked down, under its `max_conns`...): a
     /// primary if any is, else a backup; `None` when none is. `load` reads

@@ -24,6 +24,7 @@ mod health;
 mod held;
 mod io;
 pub(crate) mod pool;
+mod resolver;
 mod retry;
 mod target;
 
@@ -42,10 +43,11 @@ use hyper::body::Incoming;
 use tokio_rustls::TlsConnector;
 
 use self::attempt::{Send, Tried};
-use self::balancer::{Balancer, Pick};
+use self::balancer::Pick;
 use self::h1::Conn;
+use self::resolver::Resolving;
 use self::retry::Retries;
-use self::target::{TargetState, ALPN_H1};
+use self::target::{TargetSet, TargetState, ALPN_H1};
 use super::body::{HeadLines, RequestBody};
 use super::conn::ConnState;
 use crate::clock::Clock;
@@ -79,9 +81,10 @@ impl Answer {
 /// A named pool of targets, built once from config.
 pub struct Upstream {
     pub name: Arc<str>,
-    targets: Box<[TargetState]>,
-    /// Which target each attempt goes to.
-    balancer: Balancer,
+    /// The targets and the balancer over them.
+    set: Set,
+    /// The balancer picks by a key read from the request.
+    keyed: bool,
     /// What a keyed method (`hash`) hashes.
     hash_key: Option<HashKey>,
     next: NextUpstream,
@@ -104,17 +107,49 @@ pub struct Upstream {
     config: Option<String>,
 }
 
+/// An upstream's targets: as configured, or as its names resolve now.
+enum Set {
+    Fixed(TargetSet),
+    Resolved(Resolving),
+}
+
+/// The targets one request works with: borrowed, or held while names
+/// resolve (a new set may replace it meanwhile).
+enum Now<'a> {
+    Fixed(&'a TargetSet),
+    Held(Arc<TargetSet>),
+}
+
+impl std::ops::Deref for Now<'_> {
+    type Target = TargetSet;
+    fn deref(&self) -> &TargetSet {
+        match self {
+            Now::Fixed(s) => s,
+            Now::Held(s) => s,
+        }
+    }
+}
+
 impl Upstream {
     /// Cool-downs and idle connections' ages are timed on `clock`.
     pub fn new(cfg: &UpstreamConfig, clock: Clock) -> Self {
+        // Names are resolved by a task, so only where one can run (not,
+        // say, in `tollgate check`).
+        let resolves =
+            cfg.targets.iter().any(|t| t.resolve) && tokio::runtime::Handle::try_current().is_ok();
+        let set = if resolves {
+            Set::Resolved(Resolving::start(cfg))
+        } else {
+            let fixed = cfg.targets.iter().filter(|t| !t.resolve).cloned().collect();
+            Set::Fixed(TargetSet::new(cfg, fixed, &[]))
+        };
         Upstream {
             name: Arc::from(cfg.name.as_str()),
-            targets: cfg
-                .targets
-                .iter()
-                .map(|t| TargetState::new(t, cfg))
-                .collect(),
-            balancer: Balancer::new(&cfg.targets, &cfg.balance),
+            set,
+            keyed: matches!(
+                cfg.balance,
+                crate::config::Balance::Hash { .. } | crate::config::Balance::IpHash
+            ),
             hash_key: match &cfg.balance {
                 crate::config::Balance::Hash { key, .. } => Some(key.clone()),
                 _ => None,
@@ -141,13 +176,26 @@ impl Upstream {
         cfg.tls.is_none() && self.config.as_deref() == Some(format!("{cfg:?}").as_str())
     }
 
+    /// The targets now.
+    fn now(&self) -> Now<'_> {
+        match &self.set {
+            Set::Fixed(s) => Now::Fixed(s),
+            Set::Resolved(r) => Now::Held(r.current.load_full()),
+        }
+    }
+
     /// This upstream's figures, for metrics and the admin API.
     pub fn report(&self) -> UpstreamReport {
         let now_ms = self.ms_at(self.clock.now());
         let unix_ms = self.clock.unix_ms();
         UpstreamReport {
             name: self.name.clone(),
+            resolve_failures: match &self.set {
+                Set::Fixed(_) => None,
+                Set::Resolved(r) => Some(r.failures.load(Ordering::Relaxed)),
+            },
             targets: self
+                .now()
                 .targets
                 .iter()
                 .map(|t| {
@@ -181,7 +229,7 @@ impl Upstream {
     /// Drains `target` (no new requests; those in flight finish) or
     /// brings it back; false when it is not one of this upstream's.
     pub fn set_draining(&self, target: &str, draining: bool) -> bool {
-        match self.targets.iter().find(|t| &*t.authority == target) {
+        match self.now().targets.iter().find(|t| &*t.authority == target) {
             Some(t) => {
                 t.draining.store(draining, Ordering::Relaxed);
                 tracing::info!(upstream = %self.name, target, draining, "target drain set by the admin API");
@@ -198,7 +246,7 @@ impl Upstream {
 
     /// A reload keeps this upstream: drains set by the admin API end.
     pub fn end_drains(&self) {
-        for t in self.targets.iter() {
+        for t in self.now().targets.iter() {
             if t.draining.swap(false, Ordering::Relaxed) {
                 tracing::info!(upstream = %self.name, target = %t.authority, "reload: the target's drain ends");
             }
@@ -217,7 +265,7 @@ impl Upstream {
         client: std::net::IpAddr,
         part: impl Fn(&crate::config::KeyPart, &mut Vec<u8>),
     ) -> BalanceKey {
-        if !self.balancer.keyed() {
+        if !self.keyed {
             return BalanceKey::None;
         }
         match &self.hash_key {
@@ -255,7 +303,17 @@ impl Upstream {
         held: Option<&Arc<ConnState>>,
         key: BalanceKey,
     ) -> Result<(Answer, InFlight), ProxyError> {
-        let n = self.targets.len();
+        if let Set::Resolved(r) = &self.set {
+            // Until every name has been asked once (the first moments
+            // after start), a request waits for the answers.
+            if !*r.first.borrow() {
+                let mut first = r.first.clone();
+                let asked = first.wait_for(|done| *done);
+                let _ = tokio::time::timeout(self.connect_timeout, asked).await;
+            }
+        }
+        let set = self.now();
+        let n = set.targets.len();
         let bodiless = http_body::Body::is_end_stream(&body);
         let length = http_body::Body::size_hint(&body).exact();
         // A small body is read whole first where a retry could send it
@@ -283,19 +341,19 @@ impl Upstream {
         let mut last_error = None;
         loop {
             let usable = |i: usize| {
-                let t = &self.targets[i];
+                let t = &set.targets[i];
                 let skipped = (i < 64 && tried & (1 << i) != 0)
                     || t.draining.load(Ordering::Relaxed)
                     || t.full();
                 !skipped && !t.health.down(|| self.ms_at(sending))
             };
-            let Some(idx) = self
+            let Some(idx) = set
                 .balancer
-                .pick(&mut pick, usable, |i| self.targets[i].load())
+                .pick(&mut pick, usable, |i| set.targets[i].load())
             else {
                 break;
             };
-            let target = &self.targets[idx];
+            let target = &*set.targets[idx];
             target.health.picked(|| self.ms_at(sending));
             tried |= 1u64.checked_shl(idx as u32).unwrap_or(0);
             retries.tried += 1;
@@ -348,7 +406,7 @@ impl Upstream {
                 } => (failure, sent, error),
             };
             let now = self.clock.now();
-            self.failed(target, failure, now);
+            self.failed(target, failure, now, n == 1);
             if !retries.go_on(failure, sent, now) {
                 return Err(error);
             }
@@ -356,16 +414,16 @@ impl Upstream {
             tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "passing the request on to the next target");
             last_error = Some(error);
         }
-        Err(last_error.unwrap_or_else(|| self.none_live(sending)))
+        Err(last_error.unwrap_or_else(|| self.none_live(&set, sending)))
     }
 
     /// No target could take the request: why, for the 502. When every
     /// target left out is marked down by its failures, they are all given
     /// their chance again for the next request (Envoy's panic mode).
-    fn none_live(&self, at: Instant) -> ProxyError {
+    fn none_live(&self, set: &TargetSet, at: Instant) -> ProxyError {
         let now = self.ms_at(at);
         let up = |t: &TargetState| !t.down && !t.draining.load(Ordering::Relaxed);
-        let marked: Vec<&TargetState> = self
+        let marked: Vec<&Arc<TargetState>> = set
             .targets
             .iter()
             .filter(|t| up(t) && t.health.down(|| now))
@@ -376,8 +434,10 @@ impl Upstream {
             }
             tracing::warn!(upstream = %self.name, "every live target is marked down by its failures; answering 502 and trying them all again from the next request");
             "every target is marked down after failures; the next request tries them again"
-        } else if self.targets.iter().any(|t| up(t) && t.full()) {
+        } else if set.targets.iter().any(|t| up(t) && t.full()) {
             "every target is at its max_conns"
+        } else if set.targets.is_empty() {
+            "no target: its names have not resolved"
         } else {
             "every target is down or drained"
         };
@@ -389,9 +449,9 @@ impl Upstream {
 
     /// A failure of `target` at `now`: counted, and towards its
     /// `max_fails` unless nginx does not count it (403, 404).
-    fn failed(&self, target: &TargetState, failure: Failure, now: Instant) {
+    /// `alone`: the upstream has no other target.
+    fn failed(&self, target: &TargetState, failure: Failure, now: Instant, alone: bool) {
         target.note_failure(failure, self.clock.unix_ms());
-        let alone = self.targets.len() == 1;
         if failure.marks() && target.health.failed(self.ms_at(now), alone) {
             target.stats.marked_down.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(upstream = %self.name, target = %target.authority, reason = failure.name(), "target failed; marked down for its fail_timeout");
@@ -418,7 +478,8 @@ impl Upstream {
 
     /// HTTP/2 connections and open streams to this upstream, for metrics.
     fn h2_counts(&self) -> (usize, usize) {
-        self.targets
+        self.now()
+            .targets
             .iter()
             .filter_map(|t| t.h2.as_ref().map(h2::H2Pool::counts))
             .fold((0, 0), |(c, s), (tc, ts)| (c + tc, s + ts))

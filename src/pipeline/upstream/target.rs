@@ -11,6 +11,7 @@ use http::header::HeaderValue;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::balancer::Balancer;
 use super::h1::{Conn, Io};
 use super::h2::H2Pool;
 use super::health::Health;
@@ -77,8 +78,10 @@ impl TargetState {
             authority: Arc::from(t.authority.as_str()),
             host: t.host.clone(),
             port: t.port,
-            addr: t.host.parse().ok().map(|ip| SocketAddr::new(ip, t.port)),
-            host_value: HeaderValue::from_str(&t.authority)
+            addr: t
+                .addr
+                .or_else(|| t.host.parse().ok().map(|ip| SocketAddr::new(ip, t.port))),
+            host_value: HeaderValue::from_str(t.name())
                 .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
             pool: Arc::new(Pool::new(cfg.max_idle_per_target, cfg.idle_timeout)),
             h2: (cfg.protocol != UpstreamProtocol::Http1)
@@ -172,6 +175,33 @@ impl TargetState {
             .map_err(|_| timed_out("TLS handshake"))?
             .map_err(|e| (Failure::Error, format!("TLS handshake failed: {e}")))?;
         Ok(Conn::new(Io::Tls(Box::new(tls))))
+    }
+}
+
+/// An upstream's targets as they are now, and the balancer over them (a
+/// new set when a name resolves to other addresses).
+pub(super) struct TargetSet {
+    pub targets: Box<[Arc<TargetState>]>,
+    pub balancer: Balancer,
+}
+
+impl TargetSet {
+    /// The set of `targets`, each keeping its state from `before` where
+    /// it was there already.
+    pub fn new(cfg: &UpstreamConfig, targets: Vec<Target>, before: &[Arc<TargetState>]) -> Self {
+        TargetSet {
+            balancer: Balancer::new(&targets, &cfg.balance),
+            targets: targets
+                .iter()
+                .map(|t| {
+                    before
+                        .iter()
+                        .find(|b| *b.authority == t.authority)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(TargetState::new(t, cfg)))
+                })
+                .collect(),
+        }
     }
 }
 

@@ -14,6 +14,9 @@ fn targets(spec: &[(u32, bool, bool)]) -> Vec<Target> {
             max_fails: 1,
             fail_timeout: None,
             max_conns: 0,
+            resolve: false,
+            addr: None,
+            entry: None,
         })
         .collect()
 }
