@@ -250,3 +250,66 @@ fn refused_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
+
+/// The README's migration sample: its `upstream {}` block and
+/// `proxy_next_upstream` import as the README shows, and the imported
+/// config runs: the primaries share the requests, a primary answering
+/// 502 is routed around, the backup serves only once both are down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_upstream_block_imports_as_shown_and_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("<!-- upstream-sample")
+        .nth(1)
+        .and_then(|rest| rest.split("```text\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's upstream-sample block");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml_path = dir.path().join("tollgate.yaml");
+    let import = std::process::Command::new(BIN)
+        .args(["import-nginx", "contrib/replay-sample/nginx.conf", "-o"])
+        .arg(&yaml_path)
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let yaml = std::fs::read_to_string(&yaml_path).unwrap();
+    let section: Vec<&str> = yaml
+        .lines()
+        .skip_while(|l| *l != "upstreams:")
+        .take_while(|l| *l != "routes:")
+        .chain(["routes:"])
+        .collect();
+    let shown: Vec<&str> = block.lines().skip(1).collect();
+    assert_eq!(section, shown, "README.md's upstream block is stale");
+
+    let (mut a, mut b) = (Named::spawn("a").await, Named::spawn("b").await);
+    let c = Named::spawn("c").await;
+    let running = yaml
+        .replace("127.0.0.1:3000", &a.addr.to_string())
+        .replace("127.0.0.1:3001", &b.addr.to_string())
+        .replace("127.0.0.1:3002", &c.addr.to_string())
+        .replace("0.0.0.0:8080", "127.0.0.1:0")
+        + "admin: { enabled: false }\nlog: { access_log: false }\n";
+    let proxy = TestProxy::spawn(&running).await;
+    let seen = sequence(proxy.addr(), 6).await;
+    assert_eq!(
+        (count(&seen, "a"), count(&seen, "b"), count(&seen, "c")),
+        (3, 3, 0),
+        "{seen:?}"
+    );
+    a.stop();
+    let seen = sequence(proxy.addr(), 4).await;
+    assert_eq!(seen, ["b"; 4], "routed around the stopped primary");
+    b.stop();
+    // `tries 2`: the first request may spend both tries on the two stopped
+    // primaries (a 502, as nginx); by then both are marked down.
+    let seen = sequence(proxy.addr(), 4).await;
+    assert!(seen[0] == "c" || seen[0] == "!502", "{seen:?}");
+    assert_eq!(seen[1..], ["c"; 3], "the backup, once both primaries are down");
+}
