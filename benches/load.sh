@@ -52,6 +52,11 @@
 #       quota and the box's check add), next to the two tiers; and a zone
 #       whose penalty box has banned wrk's address (every request refused
 #       by the ban), next to the zone's own refusal
+#   BALANCE=1 bash benches/load.sh
+#       also runs the allow path with two targets (the same upstream on
+#       two ports) balanced by round robin, by least_conn and by
+#       `hash $request_uri consistent`, interleaved: the cost per request
+#       of each balancing method against the round robin over the same two
 #   PLANS=1 bash benches/load.sh
 #       also runs the two tiers with a plan (the plan read from a header
 #       of a trusted peer, every limit with numbers of its own for it) and
@@ -99,6 +104,7 @@ HEADS=${HEADS:-}
 TLS=${TLS:-}
 H2=${H2:-}
 PLANS=${PLANS:-}
+BALANCE=${BALANCE:-}
 QUOTAS=${QUOTAS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
@@ -170,6 +176,8 @@ http {
              location / { return 200 "ok\n"; } }
     server { listen 127.0.0.1:$((UP + 9)); keepalive_requests 1000000;
              location / { add_header x-tokens-used 7; return 200 "ok\n"; } }
+    server { listen 127.0.0.1:$((UP + 10)); keepalive_requests 1000000;
+             location / { return 200 "ok\n"; } }
 }
 CONF
 # nginx, one worker: allow (a rate no run reaches) and reject (1 r/m, no
@@ -289,6 +297,15 @@ if [ -n "$PLANS" ]; then
     tollgate_config "$work/settle.yaml" $((BASE_PORT + 24)) $((BASE_PORT + 64)) 100000000r/s yes ""
     sed -i "s/burst: 1000000, key: ip }/burst: 1000000, key: ip, cost: 10, settle: { header: x-tokens-used } }/; s/127.0.0.1:$UP\"\]/127.0.0.1:$((UP + 9))\"]/" "$work/settle.yaml"
 fi
+if [ -n "$BALANCE" ]; then
+    # The allow config with two targets (the upstream on two ports), by
+    # each balancing method.
+    for m in rr:26:round_robin least:27:least_conn hash:28:'hash $request_uri consistent'; do
+        IFS=: read -r name off method <<<"$m"
+        tollgate_config "$work/bal-$name.yaml" $((BASE_PORT + off + 4)) $((BASE_PORT + off + 44)) 100000000r/s no ""
+        sed -i "s|\[\"127.0.0.1:$UP\"\] }|[\"127.0.0.1:$UP\", \"127.0.0.1:$((UP + 10))\"], balance: \"$method\" }|" "$work/bal-$name.yaml"
+    done
+fi
 if [ -n "$QUOTAS" ]; then
     # The two tiers, a monthly quota beside them, a penalty box on the zone
     # and on the short limit (never filled: the check alone).
@@ -339,6 +356,11 @@ if [ -n "$PLANS" ]; then
     TG_PLANS=$(start_tollgate "$TOLLGATE" "$work/plans.yaml"); pids+=("$TG_PLANS")
     TG_SETTLE=$(start_tollgate "$TOLLGATE" "$work/settle.yaml"); pids+=("$TG_SETTLE")
 fi
+if [ -n "$BALANCE" ]; then
+    TG_BAL_RR=$(start_tollgate "$TOLLGATE" "$work/bal-rr.yaml"); pids+=("$TG_BAL_RR")
+    TG_BAL_LEAST=$(start_tollgate "$TOLLGATE" "$work/bal-least.yaml"); pids+=("$TG_BAL_LEAST")
+    TG_BAL_HASH=$(start_tollgate "$TOLLGATE" "$work/bal-hash.yaml"); pids+=("$TG_BAL_HASH")
+fi
 if [ -n "$QUOTAS" ]; then
     TG_QUOTA=$(start_tollgate "$TOLLGATE" "$work/quota.yaml"); pids+=("$TG_QUOTA")
     TG_BOXED=$(start_tollgate "$TOLLGATE" "$work/boxed.yaml"); pids+=("$TG_BOXED")
@@ -364,6 +386,12 @@ if [ -n "$QUOTAS" ]; then
     done
     curl -fsS -D - -o /dev/null "http://127.0.0.1:$((BASE_PORT + 25))/" | grep -qi '^ratelimit-policy: .*"monthly";q=1000000000000' ||
         { echo "load.sh: the quota run does not carry its quota" >&2; exit 1; }
+fi
+if [ -n "$BALANCE" ]; then
+    for port in $((BASE_PORT + 30)) $((BASE_PORT + 31)) $((BASE_PORT + 32)); do
+        curl -fsS "http://127.0.0.1:$port/" >/dev/null ||
+            { echo "load.sh: nothing answers on $port" >&2; cat "$work"/*.log >&2; exit 1; }
+    done
 fi
 if [ -n "$PLANS" ]; then
     for port in $((BASE_PORT + 23)) $((BASE_PORT + 24)); do
@@ -549,6 +577,11 @@ plan=(
     "tollgate-plans $((BASE_PORT + 23)) $TG_PLANS"
     "${plan[@]}"
 )
+[ -n "$BALANCE" ] && plan+=(
+    "tollgate-rr2 $((BASE_PORT + 30)) $TG_BAL_RR"
+    "tollgate-least-conn $((BASE_PORT + 31)) $TG_BAL_LEAST"
+    "tollgate-hash $((BASE_PORT + 32)) $TG_BAL_HASH"
+)
 [ -n "$H2" ] && plan+=(
     "nginx-allow-h2 $((BASE_PORT + 4)) $NGINX_H2_PIDS"
     "tollgate-allow-h2 $((BASE_PORT + 17)) $TG_H2"
@@ -614,6 +647,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$TLS" ] && names="$names nginx-allow-tls tollgate-allow-tls"
 [ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2 nginx-allow-h2up tollgate-allow-h2up"
 [ -n "$PLANS" ] && names="$names tollgate-plans tollgate-settle"
+[ -n "$BALANCE" ] && names="$names tollgate-rr2 tollgate-least-conn tollgate-hash"
 [ -n "$QUOTAS" ] && names="$names tollgate-quota tollgate-boxed"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
@@ -683,6 +717,13 @@ if [ -n "$QUOTAS" ]; then
     compare "quota + box checks: CPU per request vs two tiers" tollgate-quota tollgate-two-tiers 7
     compare "quota + box checks: throughput vs two tiers" tollgate-quota tollgate-two-tiers 4
     compare "refused by a ban: CPU per request vs zone's 429" tollgate-boxed tollgate-reject 7
+fi
+if [ -n "$BALANCE" ]; then
+    compare "two targets, round robin: CPU per request vs one" tollgate-rr2 tollgate-allow 7
+    compare "least_conn: CPU per request vs round robin" tollgate-least-conn tollgate-rr2 7
+    compare "least_conn: throughput vs round robin" tollgate-least-conn tollgate-rr2 4
+    compare "hash consistent: CPU per request vs round robin" tollgate-hash tollgate-rr2 7
+    compare "hash consistent: throughput vs round robin" tollgate-hash tollgate-rr2 4
 fi
 if [ -n "$PLANS" ]; then
     compare "plan lookup: CPU per request vs two tiers" tollgate-plans tollgate-two-tiers 7
