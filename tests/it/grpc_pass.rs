@@ -772,3 +772,80 @@ routes:
     // A small one still passes, on the same channel.
     say(&mut grpc).await.expect("a small call passes");
 }
+
+/// An h2c server that takes every request and never answers.
+async fn h2_silent() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let never = hyper::service::service_fn(|_req: http::Request<Incoming>| async {
+                    std::future::pending::<Result<Reply, Infallible>>().await
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), never)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// gRPC calls follow `next_upstream` as any POST: a target that refuses
+/// the connection is passed over (nothing was sent), but a call whose
+/// message reached a target that then went silent is never sent to
+/// another, even with `non_idempotent` listed (its body is a stream, never
+/// kept whole).
+#[tokio::test]
+async fn a_grpc_call_moves_on_only_while_nothing_was_sent() {
+    let up = grpc_upstream().await;
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let routes = "admin: { enabled: false }\nroutes:\n  - { match: { grpc: test.Svc }, upstream: grpc }\n";
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+upstreams:
+  grpc: {{ targets: ['{refused}', '{}'], protocol: h2 }}
+{routes}",
+        up.addr
+    ))
+    .await;
+    let mut grpc = client(&proxy).await;
+    for _ in 0..3 {
+        let reply = say(&mut grpc)
+            .await
+            .expect("passed over the refusing target");
+        assert!(reply.get_ref().text.starts_with("hello x"));
+    }
+
+    let silent = h2_silent().await;
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+upstreams:
+  grpc:
+    targets: ['{silent}', '{}']
+    protocol: h2
+    timeout: 1s
+    next_upstream: {{ on: [error, timeout, non_idempotent] }}
+{routes}",
+        up.addr
+    ))
+    .await;
+    let accepted = up.seen.accepted.load(Ordering::SeqCst);
+    let mut grpc = client(&proxy).await;
+    let status = say(&mut grpc)
+        .await
+        .expect_err("the silent target times out");
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{status:?}"
+    );
+    assert_eq!(
+        up.seen.accepted.load(Ordering::SeqCst),
+        accepted,
+        "the call was not sent to the other target"
+    );
+}

@@ -311,5 +311,9 @@ async fn the_readmes_upstream_block_imports_as_shown_and_runs() {
     // primaries (a 502, as nginx); by then both are marked down.
     let seen = sequence(proxy.addr(), 4).await;
     assert!(seen[0] == "c" || seen[0] == "!502", "{seen:?}");
-    assert_eq!(seen[1..], ["c"; 3], "the backup, once both primaries are down");
+    assert_eq!(
+        seen[1..],
+        ["c"; 3],
+        "the backup, once both primaries are down"
+    );
 }
