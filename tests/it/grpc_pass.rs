@@ -804,7 +804,8 @@ async fn a_grpc_call_moves_on_only_while_nothing_was_sent() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let routes = "admin: { enabled: false }\nroutes:\n  - { match: { grpc: test.Svc }, upstream: grpc }\n";
+    let routes =
+        "admin: { enabled: false }\nroutes:\n  - { match: { grpc: test.Svc }, upstream: grpc }\n";
     let proxy = TestProxy::spawn(&format!(
         "listeners: [{{ bind: '127.0.0.1:0' }}]
 upstreams:

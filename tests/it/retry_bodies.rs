@@ -179,3 +179,76 @@ async fn a_drained_target_takes_no_requests_until_set_back() {
         400
     );
 }
+
+/// An upstream that answers each connection's first request with
+/// `got <bytes of body>` and reads the second in full, then hangs up
+/// without a word (the keep-alive race: it closed as the request came).
+async fn hangs_up_on_the_second() -> SocketAddr {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut r = BufReader::new(tcp);
+                for nth in 0.. {
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if r.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if nth == 1 {
+                        return;
+                    }
+                    let text = format!("got {length}");
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",
+                        text.len()
+                    );
+                    r.get_mut().write_all(head.as_bytes()).await.unwrap();
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A kept body goes whole on the fresh connection too, when the pooled
+/// one it was written into turns out closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_body_is_sent_whole_again_after_the_keep_alive_race() {
+    let (a, b) = (
+        hangs_up_on_the_second().await,
+        hangs_up_on_the_second().await,
+    );
+    let p = proxy(a, b, "http1", "error, timeout").await;
+    let mut c = h1(p.addr()).await;
+    for _ in 0..3 {
+        let got = send1(&mut c, request("PUT", "/", full(vec![b'x'; 5000]))).await;
+        assert_eq!(
+            (
+                got.status.as_u16(),
+                String::from_utf8_lossy(&got.body).into_owned()
+            ),
+            (200, "got 5000".to_owned())
+        );
+    }
+    let report = p.pipeline.upstreams_report();
+    let stale: u64 = report[0].targets.iter().map(|t| t.retries[10]).sum();
+    assert_eq!(
+        stale, 1,
+        "the third went into a closed connection, then a fresh one"
+    );
+}

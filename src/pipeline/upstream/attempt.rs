@@ -48,6 +48,8 @@ pub(super) struct Send<'a> {
     pub held: Option<&'a Arc<ConnState>>,
     /// The body can be sent again (none, or kept whole).
     pub replayable: bool,
+    /// The body kept whole, to send again on a fresh connection.
+    pub kept: Option<&'a bytes::Bytes>,
     /// The body's length when known (0 for none), written as
     /// `Content-Length`; unknown: chunked.
     pub length: Option<u64>,
@@ -151,9 +153,7 @@ impl Upstream {
                 {
                     tracing::debug!(upstream = %self.name, target = %target.authority, error = %error, "pooled connection closed under us; retrying on a fresh one");
                     target.stats.retries[STALE].fetch_add(1, Ordering::Relaxed);
-                    if unsent.is_some() {
-                        *body = unsent;
-                    }
+                    *body = unsent.or_else(|| to.kept.map(|k| RequestBody::buffered(k.clone())));
                     pooled_first = false;
                     continue;
                 }

@@ -370,6 +370,7 @@ impl Upstream {
                 sending,
                 held,
                 replayable: bodiless || kept.is_some(),
+                kept: kept.as_ref(),
                 length,
                 chunked: !bodiless && length.is_none(),
             };
