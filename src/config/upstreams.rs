@@ -233,7 +233,7 @@ fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
     Some(t)
 }
 
-pub(super) fn parse_target(text: &str) -> Result<Target, String> {
+pub(crate) fn parse_target(text: &str) -> Result<Target, String> {
     let t = text.trim();
     if t.contains("://") {
         return Err(format!(

@@ -395,21 +395,7 @@ routes:
     let mut load = bounded_load(proxy.addr(), Instant::now() + Duration::from_secs(30));
 
     let mut browser = Browser::launch(1280, 1400).await;
-    let url = format!("http://{admin_addr}/dashboard");
-    browser.goto(&url).await;
-    // Asked for the token once.
-    browser
-        .wait_for(
-            "!document.getElementById('login').hidden",
-            Duration::from_secs(20),
-        )
-        .await;
-    browser
-        .eval(&format!(
-            "document.getElementById('token').value = '{TOKEN}'; \
-             document.getElementById('login-form').requestSubmit(); true"
-        ))
-        .await;
+    browser.open_dashboard(admin_addr, TOKEN).await;
     // The offender in the login limit's top offenders, rejections counted.
     let offenders = "[...document.querySelectorAll('section.limit[data-limit=\"login\"] table.offenders tr[data-key]')].map(r => r.dataset.key)";
     let found = browser
@@ -509,7 +495,9 @@ routes:
     );
 
     // The token stays in the tab: a reload asks nothing.
-    browser.goto(&url).await;
+    browser
+        .goto(&format!("http://{admin_addr}/dashboard"))
+        .await;
     browser
         .wait_for(
             "document.body.dataset.loaded === 'true'",

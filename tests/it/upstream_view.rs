@@ -53,19 +53,7 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 
     let admin = proxy.admin.unwrap();
     let mut browser = Browser::launch(1280, 1000).await;
-    browser.goto(&format!("http://{admin}/dashboard")).await;
-    browser
-        .wait_for(
-            "!document.getElementById('login').hidden",
-            Duration::from_secs(20),
-        )
-        .await;
-    browser
-        .eval(&format!(
-            "document.getElementById('token').value = '{TOKEN}'; \
-             document.getElementById('login-form').requestSubmit(); true"
-        ))
-        .await;
+    browser.open_dashboard(admin, TOKEN).await;
     let row = |target: &str| {
         format!(
             "(() => {{ const r = document.querySelector('#upstreams tr[data-target=\"{target}\"]'); \

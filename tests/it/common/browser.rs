@@ -200,6 +200,22 @@ impl Browser {
     }
 
     /// A PNG of the viewport.
+    /// Opens the dashboard at `admin` and signs in with `token` (the page
+    /// asks for it once).
+    pub async fn open_dashboard(&mut self, admin: std::net::SocketAddr, token: &str) {
+        self.goto(&format!("http://{admin}/dashboard")).await;
+        self.wait_for(
+            "!document.getElementById('login').hidden",
+            Duration::from_secs(20),
+        )
+        .await;
+        self.eval(&format!(
+            "document.getElementById('token').value = '{token}'; \
+             document.getElementById('login-form').requestSubmit(); true"
+        ))
+        .await;
+    }
+
     pub async fn screenshot(&mut self) -> Vec<u8> {
         use base64::Engine;
         let shot = self

@@ -5,18 +5,10 @@ fn targets(spec: &[(u32, bool, bool)]) -> Vec<Target> {
     spec.iter()
         .enumerate()
         .map(|(i, &(weight, backup, down))| Target {
-            authority: format!("127.0.0.1:{}", 9000 + i),
-            host: "127.0.0.1".into(),
-            port: 9000 + i as u16,
             weight,
             backup,
             down,
-            max_fails: 1,
-            fail_timeout: None,
-            max_conns: 0,
-            resolve: false,
-            addr: None,
-            entry: None,
+            ..crate::config::upstreams::parse_target(&format!("127.0.0.1:{}", 9000 + i)).unwrap()
         })
         .collect()
 }
