@@ -30,6 +30,9 @@ pub fn list(p: &Pipeline) -> Reply {
             json!({
                 "name": &*report.name,
                 "balance": u.balance_name(),
+                "retry_budget_refused": report.budget_refused,
+                "resolve_failures": report.resolve_failures,
+                "sent_while_all_failing_checks": report.all_failing_checks,
                 "targets": report.targets.iter().map(target_json).collect::<Vec<_>>(),
             })
         })
@@ -43,6 +46,8 @@ pub fn target_json(t: &TargetReport) -> Value {
         "down"
     } else if t.draining {
         "draining"
+    } else if t.check_failed {
+        "unhealthy"
     } else if t.down_until_unix_ms.is_some() {
         "failed"
     } else {
@@ -69,6 +74,7 @@ pub fn target_json(t: &TargetReport) -> Value {
         "failures": by_reason(&t.failures),
         "retries": by_reason(&t.retries),
         "marked_down": t.marked_down,
+        "health_checks": { "passed": t.checks[0], "failed": t.checks[1] },
         "last_failure": t.last_failure.map(|(at, why)| json!({ "unix_ms": at, "reason": why.name() })),
     })
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::checker::Checker;
 use super::compiled::*;
-use super::raw::{RawNextUpstream, RawResolver};
+use super::raw::{RawHealthCheck, RawNextUpstream, RawResolver};
 
 /// `balance` at `path`: `round_robin` (default), `least_conn`, `random`,
 /// `random two`, `random two least_conn`, `ip_hash`, `hash <key>
@@ -165,6 +165,24 @@ pub(super) fn next_upstream(
         .filter(|t| !t.is_zero());
     }
     next.max_body = c.size(&format!("{path}.max_body"), &raw.max_body, next.max_body);
+    next.budget = raw.budget.as_ref().map(|b| {
+        let ratio: f64 = c.number(&format!("{path}.budget.ratio"), &b.ratio, 0.2, 0.0, 10.0);
+        RetryBudget {
+            per_mille: (ratio * 1000.0).round() as u32,
+            min_per_second: c.number(
+                &format!("{path}.budget.min_per_second"),
+                &b.min_per_second,
+                10u32,
+                0,
+                1_000_000,
+            ),
+            window: c.positive_duration(
+                &format!("{path}.budget.window"),
+                &b.window,
+                Duration::from_secs(10),
+            ),
+        }
+    });
     next
 }
 
@@ -201,6 +219,51 @@ pub(super) fn resolver(c: &mut Checker, path: &str, raw: Option<&RawResolver>) -
     }
     r.timeout = c.positive_duration(&format!("{path}.timeout"), &raw.timeout, r.timeout);
     r
+}
+
+/// `health_check` at `path`: nginx Plus's defaults (`/`, every 5 s, one
+/// failure takes a target out, one pass brings it back, 2xx and 3xx pass),
+/// with a 1 s timeout.
+pub(super) fn health_check(c: &mut Checker, path: &str, raw: &RawHealthCheck) -> HealthCheck {
+    let target = raw.path.clone().unwrap_or_else(|| "/".to_owned());
+    if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        c.report(
+            format!("{path}.path"),
+            format!("expected a path starting with /, got \"{target}\""),
+        );
+    }
+    let status = match raw.status.as_ref().map(|t| t.0.as_str()) {
+        None => (200, 399),
+        Some(s) => {
+            let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+            match (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
+                (Ok(lo), Ok(hi)) if (100..=599).contains(&lo) && lo <= hi && hi <= 599 => (lo, hi),
+                _ => {
+                    c.report(
+                        format!("{path}.status"),
+                        format!("expected a status or a range like 200-399, got \"{s}\""),
+                    );
+                    (200, 399)
+                }
+            }
+        }
+    };
+    HealthCheck {
+        path: target,
+        interval: c.positive_duration(
+            &format!("{path}.interval"),
+            &raw.interval,
+            Duration::from_secs(5),
+        ),
+        timeout: c.positive_duration(
+            &format!("{path}.timeout"),
+            &raw.timeout,
+            Duration::from_secs(1),
+        ),
+        fails: c.number(&format!("{path}.fails"), &raw.fails, 1u32, 1, 1000),
+        passes: c.number(&format!("{path}.passes"), &raw.passes, 1u32, 1, 1000),
+        status,
+    }
 }
 
 /// nginx refuses `backup` with the methods that pick by key or at random.

@@ -9,6 +9,9 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml::Value;
 
+mod upstream;
+pub use self::upstream::*;
+
 /// A scalar kept as the text the user wrote, whatever YAML type it parsed as,
 /// so `timeout: 30` reaches validation and gets a duration message instead of
 /// serde's "invalid type: integer".
@@ -214,103 +217,6 @@ pub struct RawServer {
     pub lingering_timeout: Option<Text>,
     pub send_timeout: Option<Text>,
     pub workers: Option<Text>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstream {
-    pub targets: Vec<RawTarget>,
-    pub tls: Option<RawUpstreamTls>,
-    pub connect_timeout: Option<Text>,
-    pub timeout: Option<Text>,
-    pub idle_timeout: Option<Text>,
-    pub max_idle_per_target: Option<Text>,
-    pub cooldown: Option<Text>,
-    pub host_header: Option<String>,
-    /// `http1` (default), `h2` or `auto`.
-    pub protocol: Option<String>,
-    pub max_streams_per_connection: Option<Text>,
-    /// nginx's balancing method, in its words: `round_robin` (default),
-    /// `least_conn`, `random`, `random two least_conn`, `ip_hash`,
-    /// `hash <key> [consistent]`.
-    pub balance: Option<String>,
-    pub next_upstream: Option<RawNextUpstream>,
-    pub resolver: Option<RawResolver>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawResolver {
-    /// `ip[:port]` (port 53 when left out).
-    pub address: Option<String>,
-    pub valid: Option<Text>,
-    pub timeout: Option<Text>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawNextUpstream {
-    /// Conditions (`error`, `timeout`, `http_502`...), or `[off]`.
-    pub on: Option<Vec<String>>,
-    pub tries: Option<Text>,
-    pub timeout: Option<Text>,
-    pub max_body: Option<Text>,
-}
-
-/// A target: `"host:port"`, or a map with nginx's per-server parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum RawTarget {
-    Address(Text),
-    With(RawTargetMap),
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTargetMap {
-    pub address: Text,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weight: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backup: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub down: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_fails: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fail_timeout: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_conns: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub resolve: Option<bool>,
-}
-
-/// A string, or a map whose unknown keys are refused by name (serde's
-/// untagged enums say only that nothing matched).
-impl<'de> Deserialize<'de> for RawTarget {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::Mapping(m) => RawTargetMap::deserialize(Value::Mapping(m))
-                .map(RawTarget::With)
-                .map_err(serde::de::Error::custom),
-            other => Text::deserialize(other)
-                .map(RawTarget::Address)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
-
-impl From<&str> for RawTarget {
-    fn from(s: &str) -> RawTarget {
-        RawTarget::Address(Text::from(s))
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstreamTls {
-    pub ca: Option<String>,
-    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -153,6 +153,10 @@ pub(super) fn upstreams(
             balance,
             next_upstream,
             resolver: super::balance::resolver(c, &format!("{path}.resolver"), u.resolver.as_ref()),
+            health_check: u
+                .health_check
+                .as_ref()
+                .map(|h| super::balance::health_check(c, &format!("{path}.health_check"), h)),
         };
         index.insert(name.clone(), out.len());
         out.push(upstream);

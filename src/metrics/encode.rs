@@ -12,6 +12,8 @@ use prometheus_client::metrics::MetricType;
 
 use super::*;
 
+mod upstreams;
+
 /// One scrape: the counters and the sources, encoded.
 pub(super) struct Scrape {
     pub(super) metrics: Arc<Metrics>,
@@ -398,107 +400,6 @@ impl Scrape {
             "tollgate_connections_at_cap",
             "Connections accepted only after waiting because max_connections were open, by listener.",
             m.listeners.iter().zip(m.listener_stats.iter()).map(|(l, n)| (vec![("listener", l.to_string())], n.at_cap.load(Ordering::Relaxed))),
-        )?;
-        Ok(())
-    }
-
-    /// Upstream requests, retries, cool-downs and latency.
-    fn upstreams(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let s = &self.sources;
-        let upstreams = s.upstreams();
-        let target_labels = |u: &'_ UpstreamReport, t: &TargetReport| {
-            vec![
-                ("upstream", u.name.to_string()),
-                ("target", t.authority.to_string()),
-            ]
-        };
-        let per_target = |value: fn(&TargetReport) -> i64| {
-            upstreams.iter().flat_map(move |u| {
-                u.targets
-                    .iter()
-                    .map(move |t| (target_labels(u, t), value(t)))
-            })
-        };
-        counter(
-            e,
-            "tollgate_upstream_requests",
-            "Attempts sent upstream, by upstream, target and result: ok (a response head came back and was used), or why the attempt failed (error, timeout, invalid_header, or a status listed in next_upstream.on that sent the request on).",
-            upstreams.iter().flat_map(|u| {
-                u.targets.iter().flat_map(move |t| {
-                    let ok = std::iter::once(("ok", t.ok));
-                    let failed = Failure::ALL.iter().map(move |f| (f.name(), t.failures[*f as usize]));
-                    ok.chain(failed).map(move |(result, n)| {
-                        let mut labels = target_labels(u, t);
-                        labels.push(("result", result.to_owned()));
-                        (labels, n)
-                    })
-                })
-            }),
-        )?;
-        counter(
-            e,
-            "tollgate_upstream_retries",
-            "Requests passed on from a target to the next, by reason (a next_upstream condition), and sent again to the same target on a fresh connection after a pooled one closed under them (stale_connection).",
-            upstreams.iter().flat_map(|u| {
-                u.targets.iter().flat_map(move |t| {
-                    let reasons = Failure::ALL.iter().map(|f| f.name()).chain(std::iter::once("stale_connection"));
-                    reasons.zip(t.retries).map(move |(reason, n)| {
-                        let mut labels = target_labels(u, t);
-                        labels.push(("reason", reason.to_owned()));
-                        (labels, n)
-                    })
-                })
-            }),
-        )?;
-        counter(
-            e,
-            "tollgate_upstream_cooldowns",
-            "Times a target was marked down: max_fails failures (connect errors, timeouts, lost connections, answers that are not HTTP, listed statuses but 403 and 404) within fail_timeout.",
-            per_target(|t| t.marked_down as i64).map(|(l, n)| (l, n as u64)),
-        )?;
-        counter(
-            e,
-            "tollgate_upstream_resolve_failures",
-            "DNS lookups of an upstream's resolve targets that failed or came back empty (the last good addresses were kept).",
-            upstreams.iter().filter_map(|u| Some((vec![("upstream", u.name.to_string())], u.resolve_failures?))),
-        )?;
-        gauge(
-            e,
-            "tollgate_upstream_target_up",
-            "1 while a target takes requests; 0 while it is marked down by its failures, drained by the admin API or down in the config.",
-            per_target(|t| i64::from(t.up())),
-        )?;
-        gauge(
-            e,
-            "tollgate_upstream_in_flight",
-            "Requests sent to a target whose answers have not ended, over all workers (what least_conn and max_conns read).",
-            per_target(|t| i64::from(t.in_flight)),
-        )?;
-        let h2 = |pick: fn((usize, usize)) -> usize| {
-            upstreams.iter().filter_map(move |u| {
-                let n = pick(u.h2?) as i64;
-                Some((vec![("upstream", u.name.to_string())], n))
-            })
-        };
-        gauge(
-            e,
-            "tollgate_upstream_h2_connections",
-            "HTTP/2 connections open to an upstream (protocol h2 or auto), over all workers.",
-            h2(|(c, _)| c),
-        )?;
-        gauge(
-            e,
-            "tollgate_upstream_h2_streams",
-            "Requests running on an upstream's HTTP/2 connections.",
-            h2(|(_, s)| s),
-        )?;
-        histograms(
-            e,
-            "tollgate_upstream_duration_seconds",
-            "Time from sending a request upstream to its response head.",
-            upstreams
-                .into_iter()
-                .map(|u| (vec![("upstream", u.name.to_string())], u.duration)),
         )?;
         Ok(())
     }

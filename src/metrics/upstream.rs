@@ -13,6 +13,11 @@ pub struct UpstreamReport {
     /// DNS lookups of its `resolve` targets that failed or came back
     /// empty (`None`: it resolves no name).
     pub resolve_failures: Option<u64>,
+    /// Retries the retry budget refused (`None`: no budget).
+    pub budget_refused: Option<u64>,
+    /// Requests sent while every target failed its health checks
+    /// (`None`: no checks).
+    pub all_failing_checks: Option<u64>,
     /// Time to the response head.
     pub duration: HistogramSnapshot,
     /// HTTP/2 connections open and streams running on them (`None`: the
@@ -42,6 +47,10 @@ pub struct TargetReport {
     pub retries: [u64; 11],
     /// Times its failures marked it down.
     pub marked_down: u64,
+    /// Failing its active health checks.
+    pub check_failed: bool,
+    /// Active health checks passed, failed.
+    pub checks: [u64; 2],
     /// When (unix ms) and why it last failed.
     pub last_failure: Option<(u64, Failure)>,
 }
@@ -49,7 +58,7 @@ pub struct TargetReport {
 impl TargetReport {
     /// Whether it takes requests now.
     pub fn up(&self) -> bool {
-        !self.down && !self.draining && self.down_until_unix_ms.is_none()
+        !self.down && !self.draining && !self.check_failed && self.down_until_unix_ms.is_none()
     }
 }
 

@@ -16,6 +16,7 @@ mod grpc;
 mod grpc_pass;
 mod h1_server;
 mod h2_abuse;
+mod health_checks;
 mod import_nginx;
 mod layering;
 mod leases;

@@ -5,6 +5,8 @@
 //! unlisted one passed on; a drained target takes nothing.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use http::Request;
 use http_body_util::BodyExt;
@@ -238,4 +240,90 @@ async fn a_kept_body_is_sent_whole_again_after_the_keep_alive_race() {
         stale, 1,
         "the third went into a closed connection, then a fresh one"
     );
+}
+
+/// `counting`, with the requests it received counted.
+async fn counted(name: &'static str, status: u16) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let mut res = http::Response::new(full(name));
+                        *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(res)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+/// Half the requests meet a target answering 502 (`http_502` listed, never
+/// marked down). Without a budget each is retried: the upstream sees 1.5x
+/// the client's requests. With linkerd's budget (ratio 0.2, here one a
+/// second in reserve over 10 s) it sees at most 1.2x plus the reserve; the
+/// retries refused pass the 502 on as it came, and are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_budget_caps_what_the_upstream_sees_under_failures() {
+    const N: usize = 200;
+    for protocol in ["http1", "h2"] {
+        for budget in [
+            "",
+            ", budget: { ratio: 0.2, min_per_second: 1, window: 10s }",
+        ] {
+            let (bad, bad_hits) = counted("bad", 502).await;
+            let (good, good_hits) = counted("good", 200).await;
+            let p = TestProxy::spawn(&format!(
+                "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ enabled: false }}
+upstreams:
+  app:
+    targets: [{{ address: '{bad}', max_fails: 0 }}, '{good}']
+    protocol: {protocol}
+    next_upstream: {{ on: [error, timeout, http_502]{budget} }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: app }}]
+"
+            ))
+            .await;
+            let mut c = h1(p.addr()).await;
+            let mut passed_on = 0;
+            for _ in 0..N {
+                let got = send1(&mut c, request("GET", "/", empty())).await;
+                if got.status == 502 {
+                    assert_eq!(got.body, "bad", "the upstream's own 502");
+                    passed_on += 1;
+                }
+            }
+            let bad = bad_hits.load(Ordering::SeqCst);
+            let upstream = bad + good_hits.load(Ordering::SeqCst);
+            let refused = p.pipeline.upstreams_report()[0].budget_refused;
+            if budget.is_empty() {
+                // Every 502 retried: about half the requests twice.
+                assert!(bad >= N / 3, "{protocol}: {bad}");
+                assert_eq!(
+                    (upstream, passed_on, refused),
+                    (N + bad, 0, None),
+                    "{protocol}"
+                );
+            } else {
+                assert!(
+                    upstream <= N * 6 / 5 + 10,
+                    "{protocol}: {upstream} upstream requests"
+                );
+                assert!(passed_on >= 40, "{protocol}: {passed_on}");
+                assert_eq!(refused, Some(passed_on as u64), "{protocol}");
+            }
+        }
+    }
 }

@@ -35,6 +35,21 @@ pub struct UpstreamConfig {
     pub next_upstream: NextUpstream,
     /// How targets with `resolve` are looked up (nginx `resolver`).
     pub resolver: Resolver,
+    /// Active health checks (nginx Plus `health_check`), if any.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A request to each target at an interval: `fails` failed checks in a
+/// row take it out, `passes` passed ones bring it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub fails: u32,
+    pub passes: u32,
+    /// The statuses that pass, both ends included.
+    pub status: (u16, u16),
 }
 
 /// nginx `resolver address valid=... ` and `resolver_timeout`.
@@ -157,6 +172,17 @@ pub struct NextUpstream {
     /// A body of this size or less (with a `Content-Length`) is read
     /// whole before it is sent, so a retry can send it again.
     pub max_body: u64,
+    /// Retries allowed only within a budget (`None`: as nginx, no budget).
+    pub budget: Option<RetryBudget>,
+}
+
+/// linkerd's retry budget: retries of the last `window` stay under
+/// `per_mille` / 1000 of its requests plus `min_per_second` a second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryBudget {
+    pub per_mille: u32,
+    pub min_per_second: u32,
+    pub window: Duration,
 }
 
 impl NextUpstream {
@@ -203,6 +229,7 @@ impl Default for NextUpstream {
             tries: 0,
             timeout: None,
             max_body: 64 * 1024,
+            budget: None,
         }
     }
 }

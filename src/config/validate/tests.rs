@@ -317,8 +317,9 @@ upstreams:
   a:
     targets: [{ address: 'api.internal:80', resolve: true, max_conns: 10 }, '127.0.0.1:81']
     balance: hash $cookie_session consistent
-    next_upstream: { on: [error, http_503, non_idempotent], tries: 2, timeout: 3s, max_body: 8KiB }
+    next_upstream: { on: [error, http_503, non_idempotent], tries: 2, timeout: 3s, max_body: 8KiB, budget: {} }
     resolver: { address: 10.0.0.2, valid: 30s }
+    health_check: { path: /healthz, status: 204 }
 ",
         &|_| None,
     )
@@ -330,8 +331,28 @@ upstreams:
         (2, 8 * 1024)
     );
     assert!(u.next_upstream.lists("http_503") && !u.next_upstream.lists("timeout"));
+    assert_eq!(
+        u.next_upstream.budget,
+        Some(crate::config::RetryBudget {
+            per_mille: 200,
+            min_per_second: 10,
+            window: std::time::Duration::from_secs(10)
+        }),
+        "linkerd's defaults"
+    );
     assert_eq!(u.resolver.address, Some("10.0.0.2:53".parse().unwrap()));
     assert!(u.targets[0].resolve && u.targets[0].max_conns == 10);
+    let check = u.health_check.as_ref().unwrap();
+    assert_eq!(
+        (
+            check.path.as_str(),
+            check.status,
+            check.interval,
+            check.fails
+        ),
+        ("/healthz", (204, 204), std::time::Duration::from_secs(5), 1),
+        "nginx Plus's defaults where none is given"
+    );
     let found = problems(
         "listeners: [{ bind: '127.0.0.1:0' }]
 upstreams:
@@ -342,6 +363,8 @@ upstreams:
   e: { targets: ['127.0.0.1:1'], next_upstream: { on: [off], tries: 3 } }
   f: { targets: [{ address: '127.0.0.1:1', resolve: true }], resolver: { address: 'dns.example' } }
   g: { targets: [{ address: '127.0.0.1:1', max_conns: -1 }] }
+  h: { targets: ['127.0.0.1:1'], next_upstream: { budget: { ratio: -1, window: 0s } } }
+  i: { targets: ['127.0.0.1:1'], health_check: { path: health, status: 500-200, fails: 0 } }
 ",
     );
     crate::config::testing::assert_exactly(
@@ -355,6 +378,11 @@ upstreams:
             "upstreams.f.targets[0].resolve: \"127.0.0.1\" is an address, not a name to resolve",
             "upstreams.f.resolver.address: expected an IP address",
             "upstreams.g.targets[0].max_conns:",
+            "upstreams.h.next_upstream.budget.ratio:",
+            "upstreams.h.next_upstream.budget.window:",
+            "upstreams.i.health_check.path: expected a path starting with /",
+            "upstreams.i.health_check.status: expected a status or a range like 200-399",
+            "upstreams.i.health_check.fails:",
         ],
     );
 }

@@ -172,5 +172,6 @@ pub(super) fn next_upstream(next: &RawNextUpstream) -> Option<RawNextUpstream> {
         tries: next.tries.clone(),
         timeout: next.timeout.clone().filter(|_| !zero(&next.timeout)),
         max_body: None,
+        budget: None,
     })
 }

@@ -16,6 +16,8 @@
 
 mod attempt;
 mod balancer;
+mod budget;
+mod checks;
 pub(crate) mod h1;
 pub(crate) mod h2;
 mod h2_attempt;
@@ -88,6 +90,13 @@ pub struct Upstream {
     /// What a keyed method (`hash`) hashes.
     hash_key: Option<HashKey>,
     next: NextUpstream,
+    /// Retries allowed only within it (`next_upstream.budget`).
+    budget: Option<self::budget::Budget>,
+    /// Targets are checked (`health_check`); whether every one failed its
+    /// checks when last looked, and the requests sent to them all then.
+    checks: bool,
+    all_failing: std::sync::atomic::AtomicBool,
+    sent_all_failing: std::sync::atomic::AtomicU64,
     /// `balance` as written, for the admin API.
     balance_name: String,
     connect_timeout: Duration,
@@ -155,6 +164,14 @@ impl Upstream {
                 _ => None,
             },
             next: cfg.next_upstream.clone(),
+            budget: cfg
+                .next_upstream
+                .budget
+                .as_ref()
+                .map(self::budget::Budget::new),
+            checks: cfg.health_check.is_some(),
+            all_failing: Default::default(),
+            sent_all_failing: Default::default(),
             balance_name: cfg.balance.to_string(),
             connect_timeout: cfg.connect_timeout,
             timeout: cfg.timeout,
@@ -190,6 +207,13 @@ impl Upstream {
         let unix_ms = self.clock.unix_ms();
         UpstreamReport {
             name: self.name.clone(),
+            all_failing_checks: self
+                .checks
+                .then(|| self.sent_all_failing.load(Ordering::Relaxed)),
+            budget_refused: self
+                .budget
+                .as_ref()
+                .map(|b| b.refused.load(Ordering::Relaxed)),
             resolve_failures: match &self.set {
                 Set::Fixed(_) => None,
                 Set::Resolved(r) => Some(r.failures.load(Ordering::Relaxed)),
@@ -217,6 +241,8 @@ impl Upstream {
                         failures: t.stats.failures.each_ref().map(load),
                         retries: t.stats.retries.each_ref().map(load),
                         marked_down: load(&t.stats.marked_down),
+                        check_failed: t.check_failed.load(Ordering::Relaxed),
+                        checks: t.stats.checks.each_ref().map(load),
                         last_failure: t.last_failure(),
                     }
                 })
@@ -334,6 +360,7 @@ impl Upstream {
             n,
             sending,
         );
+        let ignore_checks = self.checks && self.all_failing_checks(&set);
         let mut pick = Pick::new(key);
         // Targets already tried (the first 64 are tracked; past them the
         // attempts are bounded by the number of targets).
@@ -344,6 +371,7 @@ impl Upstream {
                 let t = &set.targets[i];
                 let skipped = (i < 64 && tried & (1 << i) != 0)
                     || t.draining.load(Ordering::Relaxed)
+                    || (t.check_failed.load(Ordering::Relaxed) && !ignore_checks)
                     || t.full();
                 !skipped && !t.health.down(|| self.ms_at(sending))
             };
@@ -356,6 +384,11 @@ impl Upstream {
             let target = &*set.targets[idx];
             target.health.picked(|| self.ms_at(sending));
             tried |= 1u64.checked_shl(idx as u32).unwrap_or(0);
+            if retries.tried == 0 {
+                if let Some(b) = &self.budget {
+                    b.deposit(self.ms_at(sending) / 1000);
+                }
+            }
             retries.tried += 1;
             *chosen = Some(target.authority.clone());
             let in_flight = target.start();
@@ -374,11 +407,18 @@ impl Upstream {
                 length,
                 chunked: !bodiless && length.is_none(),
             };
-            let (failure, sent, error) = match self.attempt(to, head, &mut body).await {
+            let (failure, sent, error, withdrawn) = match self.attempt(to, head, &mut body).await {
                 Tried::Answer(answer) => {
                     let now = self.clock.now();
                     let status = answer.status();
-                    match retries.on_status(status, now) {
+                    // A listed status goes on, within the retry budget;
+                    // past it, the answer is passed on as it came.
+                    let next = retries.on_status(status, now).filter(|_| {
+                        self.budget
+                            .as_ref()
+                            .is_none_or(|b| b.withdraw(self.ms_at(now) / 1000))
+                    });
+                    match next {
                         None => {
                             target.stats.ok.fetch_add(1, Ordering::Relaxed);
                             target.health.succeeded();
@@ -396,6 +436,7 @@ impl Upstream {
                                     target.authority
                                 ),
                             },
+                            true,
                         ),
                     }
                 }
@@ -404,18 +445,46 @@ impl Upstream {
                     failure,
                     sent,
                     error,
-                } => (failure, sent, error),
+                } => (failure, sent, error, false),
             };
             let now = self.clock.now();
             self.failed(target, failure, now, n == 1);
             if !retries.go_on(failure, sent, now) {
                 return Err(error);
             }
+            if let (Some(b), false) = (&self.budget, withdrawn) {
+                if !b.withdraw(self.ms_at(now) / 1000) {
+                    tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "retry budget spent: not passing the request on");
+                    return Err(error);
+                }
+            }
             target.stats.retries[failure as usize].fetch_add(1, Ordering::Relaxed);
             tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "passing the request on to the next target");
             last_error = Some(error);
         }
         Err(last_error.unwrap_or_else(|| self.none_live(&set, sending)))
+    }
+
+    /// Whether every target fails its health checks, in which case they
+    /// all take requests anyway (logged when it starts and ends, and the
+    /// requests counted).
+    fn all_failing_checks(&self, set: &TargetSet) -> bool {
+        let all = !set.targets.is_empty()
+            && set
+                .targets
+                .iter()
+                .all(|t| t.check_failed.load(Ordering::Relaxed));
+        if self.all_failing.swap(all, Ordering::Relaxed) != all {
+            if all {
+                tracing::error!(upstream = %self.name, "every target fails its health checks; sending requests to all of them anyway");
+            } else {
+                tracing::warn!(upstream = %self.name, "a target passes its health checks again; failing ones take no requests");
+            }
+        }
+        if all {
+            self.sent_all_failing.fetch_add(1, Ordering::Relaxed);
+        }
+        all
     }
 
     /// No target could take the request: why, for the 502. When every

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::config::{
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig,
+};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
@@ -188,6 +190,8 @@ fn build(cfg: &UpstreamConfig) -> Result<TokioResolver, String> {
     let opts = builder.options_mut();
     opts.timeout = cfg.resolver.timeout;
     opts.attempts = 1;
+    // Every A and AAAA record, asked for at once.
+    opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
     // Each lookup asks the server: the answer's TTL says when to ask again.
     opts.cache_size = 0;
     builder.build().map_err(|e| e.to_string())

@@ -42,6 +42,8 @@ pub(super) struct TargetState {
     pub in_flight: Arc<AtomicU32>,
     /// Drained by the admin API: no new requests until set back.
     pub draining: AtomicBool,
+    /// Failing its active health checks (`checks`).
+    pub check_failed: AtomicBool,
     pub backup: bool,
     /// `down` in the config.
     pub down: bool,
@@ -63,6 +65,8 @@ pub(super) struct Stats {
     pub marked_down: AtomicU64,
     /// Its last failure: unix ms times 16, plus the [`Failure`].
     pub last_failure: AtomicU64,
+    /// Active health checks passed, failed.
+    pub checks: [AtomicU64; 2],
 }
 
 /// The slot of `retries` for a request sent again on a fresh connection.
@@ -94,6 +98,7 @@ impl TargetState {
             max_conns: t.max_conns,
             in_flight: Arc::default(),
             draining: AtomicBool::new(false),
+            check_failed: AtomicBool::new(false),
             backup: t.backup,
             down: t.down,
             stats: Stats::default(),
@@ -188,17 +193,30 @@ pub(super) struct TargetSet {
 impl TargetSet {
     /// The set of `targets`, each keeping its state from `before` where
     /// it was there already.
+    /// A new target's health checks start with it, where a runtime runs.
     pub fn new(cfg: &UpstreamConfig, targets: Vec<Target>, before: &[Arc<TargetState>]) -> Self {
+        let checks = cfg
+            .health_check
+            .as_ref()
+            .filter(|_| tokio::runtime::Handle::try_current().is_ok());
         TargetSet {
             balancer: Balancer::new(&targets, &cfg.balance),
             targets: targets
                 .iter()
                 .map(|t| {
-                    before
-                        .iter()
-                        .find(|b| *b.authority == t.authority)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::new(TargetState::new(t, cfg)))
+                    if let Some(kept) = before.iter().find(|b| *b.authority == t.authority) {
+                        return kept.clone();
+                    }
+                    let new = Arc::new(TargetState::new(t, cfg));
+                    if let Some(check) = checks {
+                        let tls = cfg
+                            .tls
+                            .as_ref()
+                            .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone()));
+                        let name = Arc::from(cfg.name.as_str());
+                        super::checks::start(&new, check.clone(), name, cfg.connect_timeout, tls);
+                    }
+                    new
                 })
                 .collect(),
         }

@@ -1,0 +1,148 @@
+//! Active health checks: a target failing its checks takes no requests
+//! and comes back once it passes; when every target fails, requests still
+//! go to all of them, logged and counted; one checker per target per
+//! process.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use crate::balancing::{count, sequence};
+use crate::common::*;
+
+/// A backend answering its name, whose `/health` answers 200 while
+/// `healthy`, else 503; `checks` counts the `/health` requests.
+struct Checked {
+    addr: SocketAddr,
+    healthy: Arc<AtomicBool>,
+    checks: Arc<AtomicUsize>,
+}
+
+async fn checked(name: &'static str) -> Checked {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let healthy = Arc::new(AtomicBool::new(true));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let (h, n) = (healthy.clone(), checks.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (h, n) = (h.clone(), n.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (h, n) = (h.clone(), n.clone());
+                    async move {
+                        let mut res = http::Response::new(full(name));
+                        if req.uri().path() == "/health" {
+                            n.fetch_add(1, Ordering::SeqCst);
+                            if !h.load(Ordering::SeqCst) {
+                                *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                            }
+                        }
+                        Ok::<_, std::convert::Infallible>(res)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    Checked {
+        addr,
+        healthy,
+        checks,
+    }
+}
+
+async fn both_serve(addr: SocketAddr) -> bool {
+    let seen = sequence(addr, 4).await;
+    count(&seen, "a") == 2 && count(&seen, "b") == 2
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_target_failing_its_checks_takes_no_requests_unless_all_do() {
+    let (a, b) = (checked("a").await, checked("b").await);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: 'tollgate-test-token' }}
+log: {{ access_log: false }}
+upstreams:
+  api:
+    targets: ['{}', '{}']
+    health_check: {{ path: /health, interval: 100ms, timeout: 500ms, fails: 2, passes: 2 }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+",
+        a.addr, b.addr
+    ))
+    .await;
+    let addr = proxy.addr();
+    assert!(both_serve(addr).await);
+    // One checker per target per process, whatever the workers: about
+    // ten checks a second each.
+    let before = a.checks.load(Ordering::SeqCst);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let per_second =
+        (a.checks.load(Ordering::SeqCst) - before) as f64 / started.elapsed().as_secs_f64();
+    assert!(
+        (5.0..=13.0).contains(&per_second),
+        "{per_second} checks a second"
+    );
+
+    a.healthy.store(false, Ordering::SeqCst);
+    until(Duration::from_secs(5), "a taken out", || async move {
+        sequence(addr, 4).await == ["b"; 4]
+    })
+    .await;
+    let api = admin_with(&proxy, "tollgate-test-token", "GET", "/api/upstreams", None).await;
+    let api: serde_json::Value = serde_json::from_slice(&api.body).unwrap();
+    assert_eq!(
+        api["upstreams"][0]["targets"][0]["state"], "unhealthy",
+        "{api}"
+    );
+
+    // Both failing: both take requests, logged and counted.
+    b.healthy.store(false, Ordering::SeqCst);
+    until(
+        Duration::from_secs(5),
+        "every target failing, all serve",
+        || async move { both_serve(addr).await },
+    )
+    .await;
+    let sent = proxy.pipeline.upstreams_report()[0]
+        .all_failing_checks
+        .unwrap();
+    assert!(sent > 0, "{sent}");
+    let metrics = admin_with(&proxy, "tollgate-test-token", "GET", "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        metrics.contains("tollgate_upstream_checks_all_failing_total{upstream=\"api\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_upstream_health_checks_total{{upstream=\"api\",target=\"{}\",result=\"fail\"}}",
+            b.addr
+        )),
+        "{metrics}"
+    );
+
+    // b passes again: it alone serves; then a too.
+    b.healthy.store(true, Ordering::SeqCst);
+    until(Duration::from_secs(5), "b alone", || async move {
+        sequence(addr, 4).await == ["b"; 4]
+    })
+    .await;
+    a.healthy.store(true, Ordering::SeqCst);
+    until(Duration::from_secs(5), "both back", || async move {
+        both_serve(addr).await
+    })
+    .await;
+}
