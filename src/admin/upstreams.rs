@@ -75,6 +75,7 @@ pub fn target_json(t: &TargetReport) -> Value {
         "retries": by_reason(&t.retries),
         "marked_down": t.marked_down,
         "health_checks": { "passed": t.checks[0], "failed": t.checks[1] },
+        "slow_start_share": t.ramping.map(|r| f64::from(r) / 1000.0),
         "last_failure": t.last_failure.map(|(at, why)| json!({ "unix_ms": at, "reason": why.name() })),
     })
 }

@@ -43,6 +43,15 @@ pub(super) fn upstreams(
                 ),
             );
         }
+        if let (Some(method), Some(i)) = (
+            super::balance::allows_backup(&balance),
+            targets.iter().position(|t| t.slow_start.is_some()),
+        ) {
+            c.report(
+                format!("{path}.targets[{i}].slow_start"),
+                format!("slow_start cannot be used with balance {method} (nginx refuses it too)"),
+            );
+        }
         let next_upstream = super::balance::next_upstream(
             c,
             &format!("{path}.next_upstream"),
@@ -219,6 +228,13 @@ fn target(c: &mut Checker, path: &str, raw: &RawTarget) -> Option<Target> {
             0,
             1_000_000,
         );
+        if m.slow_start.is_some() {
+            t.slow_start = Some(c.positive_duration(
+                &format!("{path}.slow_start"),
+                &m.slow_start,
+                Duration::from_secs(30),
+            ));
+        }
         t.resolve = m.resolve.unwrap_or(false);
         if t.resolve && t.host.parse::<std::net::IpAddr>().is_ok() {
             c.report(
@@ -273,5 +289,6 @@ pub(crate) fn parse_target(text: &str) -> Result<Target, String> {
         resolve: false,
         addr: None,
         entry: None,
+        slow_start: None,
     })
 }

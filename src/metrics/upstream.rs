@@ -51,6 +51,8 @@ pub struct TargetReport {
     pub check_failed: bool,
     /// Active health checks passed, failed.
     pub checks: [u64; 2],
+    /// In its slow start: the share of its weight it has now, per mille.
+    pub ramping: Option<u16>,
     /// When (unix ms) and why it last failed.
     pub last_failure: Option<(u64, Failure)>,
 }

@@ -146,3 +146,52 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
     })
     .await;
 }
+
+/// `slow_start`: a target that passes its checks again ramps from a
+/// tenth of its weight to the whole over the slow start, rather than
+/// taking its full share of the traffic at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_target_coming_back_ramps_up_over_its_slow_start() {
+    let (a, b) = (checked("a").await, checked("b").await);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ enabled: false }}
+log: {{ access_log: false }}
+upstreams:
+  api:
+    targets: [{{ address: '{}', slow_start: 2s }}, '{}']
+    health_check: {{ path: /health, interval: 50ms, timeout: 500ms }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+",
+        a.addr, b.addr
+    ))
+    .await;
+    let addr = proxy.addr();
+    let failing = |p: &TestProxy| p.pipeline.upstreams_report()[0].targets[0].check_failed;
+    a.healthy.store(false, Ordering::SeqCst);
+    until(Duration::from_secs(5), "a fails its checks", || async {
+        failing(&proxy)
+    })
+    .await;
+    a.healthy.store(true, Ordering::SeqCst);
+    until(Duration::from_secs(5), "a passes again", || async {
+        !failing(&proxy)
+    })
+    .await;
+    let share = |seen: &[String]| count(seen, "a") as f64 / seen.len() as f64;
+    let early = sequence(addr, 100).await;
+    assert!(
+        share(&early) < 0.35,
+        "a took {} of the first 100",
+        share(&early)
+    );
+    let ramping = proxy.pipeline.upstreams_report()[0].targets[0].ramping;
+    assert!(ramping.is_some_and(|r| r < 1000), "{ramping:?}");
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let later = sequence(addr, 100).await;
+    assert!(
+        (0.45..=0.55).contains(&share(&later)),
+        "a took {} once ramped",
+        share(&later)
+    );
+}

@@ -262,7 +262,7 @@ http {
     upstream app {
         hash $upstream_addr;
         server 10.0.0.1:80;
-        server 10.0.0.2:80 slow_start=30s;
+        server 10.0.0.2:80 drain;
         ntlm;
     }
     server {
@@ -279,7 +279,7 @@ http {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     for want in [
         "nginx.conf:4: NOT EQUIVALENT: upstream app: hash key \"$upstream_addr\": $upstream_addr is not a variable",
-        "nginx.conf:6: NOT EQUIVALENT: upstream app: slow_start=30s: not translated",
+        "nginx.conf:6: NOT EQUIVALENT: upstream app: drain: not translated",
         "nginx.conf:7: NOT EQUIVALENT: upstream app: ntlm is not translated",
         "nginx.conf:12: NOT EQUIVALENT: location /two/: proxy_next_upstream differs",
     ] {

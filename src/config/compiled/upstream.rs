@@ -272,6 +272,10 @@ pub struct Target {
     pub addr: Option<std::net::SocketAddr>,
     /// ... and the entry's `host:port`.
     pub entry: Option<String>,
+    /// Coming back (after its failures or failed checks), it ramps from a
+    /// tenth of its weight to the whole over this long (nginx Plus
+    /// `slow_start`).
+    pub slow_start: Option<Duration>,
 }
 
 #[derive(Clone)]

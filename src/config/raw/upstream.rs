@@ -96,6 +96,8 @@ pub struct RawTargetMap {
     pub max_conns: Option<Text>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolve: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<Text>,
 }
 
 /// A string, or a map whose unknown keys are refused by name (serde's

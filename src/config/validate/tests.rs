@@ -365,6 +365,7 @@ upstreams:
   g: { targets: [{ address: '127.0.0.1:1', max_conns: -1 }] }
   h: { targets: ['127.0.0.1:1'], next_upstream: { budget: { ratio: -1, window: 0s } } }
   i: { targets: ['127.0.0.1:1'], health_check: { path: health, status: 500-200, fails: 0 } }
+  j: { targets: ['127.0.0.1:1', { address: '127.0.0.1:2', slow_start: 30s }], balance: random }
 ",
     );
     crate::config::testing::assert_exactly(
@@ -383,6 +384,7 @@ upstreams:
             "upstreams.i.health_check.path: expected a path starting with /",
             "upstreams.i.health_check.status: expected a status or a range like 200-399",
             "upstreams.i.health_check.fails:",
+            "upstreams.j.targets[1].slow_start: slow_start cannot be used with balance random",
         ],
     );
 }

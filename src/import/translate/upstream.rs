@@ -107,6 +107,7 @@ fn server(s: &Directive, name: &str, out: &mut Out) -> Option<RawTarget> {
             "fail_timeout" => map.fail_timeout = Some(super::duration(&value()?.0)),
             "max_conns" => map.max_conns = value(),
             "resolve" => map.resolve = Some(true),
+            "slow_start" => map.slow_start = Some(super::duration(&value()?.0)),
             _ => out.note(
                 &s.at,
                 Severity::Lost,

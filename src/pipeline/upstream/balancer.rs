@@ -91,6 +91,9 @@ impl Pick {
 
 const MAX_DRAWS: u32 = 20;
 
+/// A target's whole weight, in thousandths.
+pub const FULL: i64 = 1000;
+
 impl Balancer {
     pub fn new(targets: &[Target], balance: &Balance) -> Self {
         let weights: Box<[i64]> = targets.iter().map(|t| i64::from(t.weight)).collect();
@@ -126,11 +129,25 @@ impl Balancer {
     /// (not tried yet, not marked down, under its `max_conns`...): a
     /// primary if any is, else a backup; `None` when none is. `load` reads
     /// a target's requests in flight (for `least_conn`, `random two`).
+    #[cfg(test)]
     pub fn pick(
         &self,
         p: &mut Pick,
         usable: impl Fn(usize) -> bool,
         load: impl Fn(usize) -> u32,
+    ) -> Option<usize> {
+        self.pick_scaled(p, usable, load, &|_| FULL)
+    }
+
+    /// `pick`, with each target's weight scaled by `scale` (per mille,
+    /// [`FULL`] for the whole weight: a target in its slow start takes
+    /// less of the round robin's and `least_conn`'s share).
+    pub fn pick_scaled(
+        &self,
+        p: &mut Pick,
+        usable: impl Fn(usize) -> bool,
+        load: impl Fn(usize) -> u32,
+        scale: &dyn Fn(usize) -> i64,
     ) -> Option<usize> {
         let usable = |i: usize| !self.down[i] && usable(i);
         if self.weights.len() == 1 {
@@ -141,28 +158,36 @@ impl Balancer {
             Method::LeastConn => {
                 let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
                 return self
-                    .least(&mut current, false, &usable, &load)
-                    .or_else(|| self.least(&mut current, true, &usable, &load));
+                    .least(&mut current, false, &usable, &load, scale)
+                    .or_else(|| self.least(&mut current, true, &usable, &load, scale));
             }
             Method::Random { two } => self.random(p, *two, &usable, &load),
             Method::Hash => self.hash(p, &usable),
-            Method::Consistent(ring) => return self.consistent(p, ring, &usable),
+            Method::Consistent(ring) => return self.consistent(p, ring, &usable, scale),
             Method::IpHash => self.ip_hash(p, &usable),
         };
-        drawn.or_else(|| self.round_robin(&usable))
+        drawn.or_else(|| self.round_robin(&usable, scale))
     }
 
-    fn round_robin(&self, usable: &impl Fn(usize) -> bool) -> Option<usize> {
+    fn round_robin(
+        &self,
+        usable: &impl Fn(usize) -> bool,
+        scale: &dyn Fn(usize) -> i64,
+    ) -> Option<usize> {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        self.round(&mut current, false, usable)
-            .or_else(|| self.round(&mut current, true, usable))
+        self.round(&mut current, false, usable, scale)
+            .or_else(|| self.round(&mut current, true, usable, scale))
     }
 
+    /// One pick of the smooth round robin; weights are counted in
+    /// thousandths (`scale`), which picks the same as the weights alone
+    /// while every target has its whole weight.
     fn round(
         &self,
         current: &mut [i64],
         backup: bool,
         usable: &impl Fn(usize) -> bool,
+        scale: &dyn Fn(usize) -> i64,
     ) -> Option<usize> {
         let mut total = 0;
         let mut best: Option<usize> = None;
@@ -170,8 +195,9 @@ impl Balancer {
             if self.backup[i] != backup || !usable(i) {
                 continue;
             }
-            current[i] += self.weights[i];
-            total += self.weights[i];
+            let weight = self.weights[i] * scale(i);
+            current[i] += weight;
+            total += weight;
             if best.is_none_or(|b| current[i] > current[b]) {
                 best = Some(i);
             }
@@ -190,10 +216,11 @@ impl Balancer {
         backup: bool,
         usable: &impl Fn(usize) -> bool,
         load: &impl Fn(usize) -> u32,
+        scale: &dyn Fn(usize) -> i64,
     ) -> Option<usize> {
         let candidates =
             || (0..self.weights.len()).filter(|&i| self.backup[i] == backup && usable(i));
-        let ratio = |i: usize| (i64::from(load(i)), self.weights[i]);
+        let ratio = |i: usize| (i64::from(load(i)), self.weights[i] * scale(i));
         // a/b < c/d  <=>  a*d < c*b (weights are positive).
         let mut best: Option<(usize, (i64, i64))> = None;
         let mut tied = false;
@@ -218,7 +245,7 @@ impl Balancer {
                 c * bw == bc * w
             }
         };
-        self.round(current, backup, &|i| usable(i) && tie(i))
+        self.round(current, backup, &|i| usable(i) && tie(i), scale)
     }
 
     /// A primary target drawn by weight, as nginx's `random`; `two`: the
@@ -325,12 +352,13 @@ impl Balancer {
         p: &mut Pick,
         ring: &Ring,
         usable: &impl Fn(usize) -> bool,
+        scale: &dyn Fn(usize) -> i64,
     ) -> Option<usize> {
         let BalanceKey::Bytes(key) = &p.key else {
-            return self.round_robin(usable);
+            return self.round_robin(usable, scale);
         };
         if key.is_empty() || ring.points.is_empty() {
-            return self.round_robin(usable);
+            return self.round_robin(usable, scale);
         }
         if !p.started {
             let hash = crc32fast::hash(key);
@@ -341,14 +369,14 @@ impl Balancer {
         while p.tries <= MAX_DRAWS {
             let name = ring.points[(p.hash % ring.points.len() as u64) as usize].1;
             let of_name = |i: usize| ring.name_of[i] == name && usable(i);
-            if let Some(i) = self.round(&mut current, false, &of_name) {
+            if let Some(i) = self.round(&mut current, false, &of_name, scale) {
                 return Some(i);
             }
             p.hash += 1;
             p.tries += 1;
         }
         drop(current);
-        self.round_robin(usable)
+        self.round_robin(usable, scale)
     }
 
     /// The primary target whose share of the total weight holds `w`.

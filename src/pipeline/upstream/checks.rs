@@ -62,6 +62,7 @@ async fn run(
                 passed_in_row += 1;
                 if out && passed_in_row >= check.passes {
                     target.check_failed.store(false, Ordering::Relaxed);
+                    target.came_back(crate::clock::unix_ms());
                     tracing::info!(upstream = %upstream, target = %target.authority, "health check passed: the target takes requests again");
                 }
             }

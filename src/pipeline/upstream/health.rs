@@ -87,12 +87,14 @@ impl Health {
         self.down_until_ms.store(0, Ordering::Relaxed);
     }
 
-    /// An answer came: its failures are forgotten, and it is up.
-    pub fn succeeded(&self) {
+    /// An answer came: its failures are forgotten, and it is up. True
+    /// when it had been marked down (it comes back).
+    pub fn succeeded(&self) -> bool {
         if self.fails.load(Ordering::Relaxed) != 0 {
             self.fails.store(0, Ordering::Relaxed);
-            self.down_until_ms.store(0, Ordering::Relaxed);
+            return self.down_until_ms.swap(0, Ordering::Relaxed) != 0;
         }
+        false
     }
 }
 

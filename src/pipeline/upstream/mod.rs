@@ -26,6 +26,7 @@ mod health;
 mod held;
 mod io;
 pub(crate) mod pool;
+mod report;
 mod resolver;
 mod retry;
 mod target;
@@ -55,7 +56,7 @@ use super::conn::ConnState;
 use crate::clock::Clock;
 use crate::config::{HashKey, HostHeader, NextUpstream, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
-use crate::metrics::{Histogram, TargetReport, UpstreamReport, CALL_BOUNDS};
+use crate::metrics::{Histogram, CALL_BOUNDS};
 
 /// What an upstream answered.
 pub enum Answer {
@@ -95,6 +96,8 @@ pub struct Upstream {
     /// Targets are checked (`health_check`); whether every one failed its
     /// checks when last looked, and the requests sent to them all then.
     checks: bool,
+    /// Some target has a `slow_start`.
+    slow_start: bool,
     all_failing: std::sync::atomic::AtomicBool,
     sent_all_failing: std::sync::atomic::AtomicU64,
     /// `balance` as written, for the admin API.
@@ -170,6 +173,7 @@ impl Upstream {
                 .as_ref()
                 .map(self::budget::Budget::new),
             checks: cfg.health_check.is_some(),
+            slow_start: cfg.targets.iter().any(|t| t.slow_start.is_some()),
             all_failing: Default::default(),
             sent_all_failing: Default::default(),
             balance_name: cfg.balance.to_string(),
@@ -198,84 +202,6 @@ impl Upstream {
         match &self.set {
             Set::Fixed(s) => Now::Fixed(s),
             Set::Resolved(r) => Now::Held(r.current.load_full()),
-        }
-    }
-
-    /// This upstream's figures, for metrics and the admin API.
-    pub fn report(&self) -> UpstreamReport {
-        let now_ms = self.ms_at(self.clock.now());
-        let unix_ms = self.clock.unix_ms();
-        UpstreamReport {
-            name: self.name.clone(),
-            all_failing_checks: self
-                .checks
-                .then(|| self.sent_all_failing.load(Ordering::Relaxed)),
-            budget_refused: self
-                .budget
-                .as_ref()
-                .map(|b| b.refused.load(Ordering::Relaxed)),
-            resolve_failures: match &self.set {
-                Set::Fixed(_) => None,
-                Set::Resolved(r) => Some(r.failures.load(Ordering::Relaxed)),
-            },
-            targets: self
-                .now()
-                .targets
-                .iter()
-                .map(|t| {
-                    let down_for = t
-                        .health
-                        .down_until()
-                        .filter(|until| *until > now_ms)
-                        .map(|until| until - now_ms);
-                    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
-                    TargetReport {
-                        authority: t.authority.clone(),
-                        backup: t.backup,
-                        down: t.down,
-                        draining: t.draining.load(Ordering::Relaxed),
-                        down_until_unix_ms: down_for.map(|ms| unix_ms + ms),
-                        in_flight: t.load(),
-                        max_conns: t.max_conns,
-                        ok: load(&t.stats.ok),
-                        failures: t.stats.failures.each_ref().map(load),
-                        retries: t.stats.retries.each_ref().map(load),
-                        marked_down: load(&t.stats.marked_down),
-                        check_failed: t.check_failed.load(Ordering::Relaxed),
-                        checks: t.stats.checks.each_ref().map(load),
-                        last_failure: t.last_failure(),
-                    }
-                })
-                .collect(),
-            duration: self.duration.snapshot(),
-            h2: self.may_speak_h2().then(|| self.h2_counts()),
-        }
-    }
-
-    /// Drains `target` (no new requests; those in flight finish) or
-    /// brings it back; false when it is not one of this upstream's.
-    pub fn set_draining(&self, target: &str, draining: bool) -> bool {
-        match self.now().targets.iter().find(|t| &*t.authority == target) {
-            Some(t) => {
-                t.draining.store(draining, Ordering::Relaxed);
-                tracing::info!(upstream = %self.name, target, draining, "target drain set by the admin API");
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The balancing method, as configured.
-    pub fn balance_name(&self) -> &str {
-        &self.balance_name
-    }
-
-    /// A reload keeps this upstream: drains set by the admin API end.
-    pub fn end_drains(&self) {
-        for t in self.now().targets.iter() {
-            if t.draining.swap(false, Ordering::Relaxed) {
-                tracing::info!(upstream = %self.name, target = %t.authority, "reload: the target's drain ends");
-            }
         }
     }
 
@@ -375,10 +301,16 @@ impl Upstream {
                     || t.full();
                 !skipped && !t.health.down(|| self.ms_at(sending))
             };
-            let Some(idx) = set
-                .balancer
-                .pick(&mut pick, usable, |i| set.targets[i].load())
-            else {
+            // Weights shrink for targets in their slow start (only
+            // upstreams with one read the time).
+            let now_ms = if self.slow_start {
+                self.clock.unix_ms()
+            } else {
+                0
+            };
+            let scale = |i: usize| set.targets[i].ramp(now_ms);
+            let load = |i: usize| set.targets[i].load();
+            let Some(idx) = set.balancer.pick_scaled(&mut pick, usable, load, &scale) else {
                 break;
             };
             let target = &*set.targets[idx];
@@ -421,7 +353,9 @@ impl Upstream {
                     match next {
                         None => {
                             target.stats.ok.fetch_add(1, Ordering::Relaxed);
-                            target.health.succeeded();
+                            if target.health.succeeded() {
+                                target.came_back(self.clock.unix_ms());
+                            }
                             self.duration.observe(now - sending);
                             return Ok((answer, in_flight));
                         }

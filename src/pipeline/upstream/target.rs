@@ -44,6 +44,10 @@ pub(super) struct TargetState {
     pub draining: AtomicBool,
     /// Failing its active health checks (`checks`).
     pub check_failed: AtomicBool,
+    /// Its slow start (ms, 0: none), and when it last came back (unix ms,
+    /// 0: at its whole weight).
+    pub slow_start_ms: u64,
+    pub ramp_from_ms: AtomicU64,
     pub backup: bool,
     /// `down` in the config.
     pub down: bool,
@@ -99,6 +103,8 @@ impl TargetState {
             in_flight: Arc::default(),
             draining: AtomicBool::new(false),
             check_failed: AtomicBool::new(false),
+            slow_start_ms: t.slow_start.map_or(0, |d| d.as_millis() as u64),
+            ramp_from_ms: AtomicU64::new(0),
             backup: t.backup,
             down: t.down,
             stats: Stats::default(),
@@ -118,6 +124,29 @@ impl TargetState {
     pub fn start(&self) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.in_flight.clone())
+    }
+
+    /// It comes back at `unix_ms` (after failures or failed checks): its
+    /// slow start begins, if it has one.
+    pub fn came_back(&self, unix_ms: u64) {
+        if self.slow_start_ms != 0 {
+            self.ramp_from_ms.store(unix_ms.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Its share of its weight at `unix_ms`, per mille: a tenth when it
+    /// comes back, the whole once `slow_start` has passed.
+    pub fn ramp(&self, unix_ms: u64) -> i64 {
+        let from = self.ramp_from_ms.load(Ordering::Relaxed);
+        if from == 0 {
+            return super::balancer::FULL;
+        }
+        let elapsed = unix_ms.saturating_sub(from);
+        if elapsed >= self.slow_start_ms {
+            self.ramp_from_ms.store(0, Ordering::Relaxed);
+            return super::balancer::FULL;
+        }
+        (100 + 900 * elapsed / self.slow_start_ms) as i64
     }
 
     pub fn note_failure(&self, failure: Failure, unix_ms: u64) {
