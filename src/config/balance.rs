@@ -22,6 +22,7 @@ pub(super) fn balance(c: &mut Checker, path: &str, text: Option<&str>) -> Balanc
         ["random"] => Ok(Balance::Random { two: false }),
         ["random", "two"] | ["random", "two", "least_conn"] => Ok(Balance::Random { two: true }),
         ["ip_hash"] => Ok(Balance::IpHash),
+        ["ewma"] => Ok(Balance::Ewma),
         ["hash", key] => hash_key(key).map(|key| Balance::Hash {
             key,
             consistent: false,
@@ -32,7 +33,7 @@ pub(super) fn balance(c: &mut Checker, path: &str, text: Option<&str>) -> Balanc
         }),
         ["hash", ..] => Err("expected \"hash <key>\" or \"hash <key> consistent\"".to_owned()),
         _ => Err(format!(
-            "expected round_robin, least_conn, random, \"random two least_conn\", ip_hash or \"hash <key> [consistent]\", got \"{text}\""
+            "expected round_robin, least_conn, random, \"random two least_conn\", ip_hash, \"hash <key> [consistent]\" or ewma, got \"{text}\""
         )),
     };
     method.unwrap_or_else(|e| {
@@ -272,7 +273,7 @@ pub(super) fn allows_backup(balance: &Balance) -> Option<&'static str> {
         Balance::Hash { .. } => Some("hash"),
         Balance::IpHash => Some("ip_hash"),
         Balance::Random { .. } => Some("random"),
-        Balance::RoundRobin | Balance::LeastConn => None,
+        Balance::RoundRobin | Balance::LeastConn | Balance::Ewma => None,
     }
 }
 

@@ -90,6 +90,10 @@ pub enum Balance {
     /// The client address: an IPv4 one by its first three octets, an
     /// IPv6 one whole (nginx `ip_hash`).
     IpHash,
+    /// Two targets drawn, the one with the lower peak-EWMA latency times
+    /// requests in flight taken (linkerd's and Finagle's); a failure or a
+    /// refusal counts as a slow answer.
+    Ewma,
 }
 
 impl std::fmt::Display for Balance {
@@ -107,6 +111,7 @@ impl std::fmt::Display for Balance {
                 )
             }
             Balance::IpHash => f.write_str("ip_hash"),
+            Balance::Ewma => f.write_str("ewma"),
         }
     }
 }

@@ -15,7 +15,9 @@
 //!   ring of 160 points per unit of weight, each target's points the
 //!   CRC32 of its `host\0port` and the point before;
 //! - `ip_hash`: the client address (an IPv4 one's first three octets, an
-//!   IPv6 one whole) folded as nginx does.
+//!   IPv6 one whole) folded as nginx does;
+//! - `ewma` (beyond nginx): two drawn, the one with the lower score taken,
+//!   the score (`target::Ewma`) read through `load`.
 //!
 //! The keyed and random methods fall back to the round robin after 20
 //! unusable draws, as nginx does. Backup targets are a round of their own
@@ -47,6 +49,7 @@ enum Method {
     RoundRobin,
     LeastConn,
     Random { two: bool },
+    Ewma,
     Hash,
     Consistent(Ring),
     IpHash,
@@ -114,6 +117,7 @@ impl Balancer {
                 consistent: true, ..
             } => Method::Consistent(Ring::new(targets)),
             Balance::IpHash => Method::IpHash,
+            Balance::Ewma => Method::Ewma,
         };
         Balancer {
             method,
@@ -128,7 +132,8 @@ impl Balancer {
     /// The next target among those `usable` says may take the request
     /// (not tried yet, not marked down, under its `max_conns`...): a
     /// primary if any is, else a backup; `None` when none is. `load` reads
-    /// a target's requests in flight (for `least_conn`, `random two`).
+    /// a target's requests in flight (for `least_conn`, `random two`; its
+    /// EWMA score for `ewma`).
     #[cfg(test)]
     pub fn pick(
         &self,
@@ -162,6 +167,8 @@ impl Balancer {
                     .or_else(|| self.least(&mut current, true, &usable, &load, scale));
             }
             Method::Random { two } => self.random(p, *two, &usable, &load),
+            // `load` is the EWMA score here (latency times in flight).
+            Method::Ewma => self.random(p, true, &usable, &load),
             Method::Hash => self.hash(p, &usable),
             Method::Consistent(ring) => return self.consistent(p, ring, &usable, scale),
             Method::IpHash => self.ip_hash(p, &usable),

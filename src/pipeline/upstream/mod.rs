@@ -98,6 +98,8 @@ pub struct Upstream {
     checks: bool,
     /// Some target has a `slow_start`.
     slow_start: bool,
+    /// `balance: ewma`: latencies are observed.
+    ewma: bool,
     all_failing: std::sync::atomic::AtomicBool,
     sent_all_failing: std::sync::atomic::AtomicU64,
     /// `balance` as written, for the admin API.
@@ -174,6 +176,7 @@ impl Upstream {
                 .map(self::budget::Budget::new),
             checks: cfg.health_check.is_some(),
             slow_start: cfg.targets.iter().any(|t| t.slow_start.is_some()),
+            ewma: cfg.balance == crate::config::Balance::Ewma,
             all_failing: Default::default(),
             sent_all_failing: Default::default(),
             balance_name: cfg.balance.to_string(),
@@ -309,7 +312,10 @@ impl Upstream {
                 0
             };
             let scale = |i: usize| set.targets[i].ramp(now_ms);
-            let load = |i: usize| set.targets[i].load();
+            let load = |i: usize| match self.ewma {
+                true => set.targets[i].score(self.ms_at(sending)),
+                false => set.targets[i].load(),
+            };
             let Some(idx) = set.balancer.pick_scaled(&mut pick, usable, load, &scale) else {
                 break;
             };
@@ -343,6 +349,10 @@ impl Upstream {
                 Tried::Answer(answer) => {
                     let now = self.clock.now();
                     let status = answer.status();
+                    if self.ewma {
+                        let failed = status >= 500 || status == 429;
+                        target.observe(now - sending, failed, self.ms_at(now));
+                    }
                     // A listed status goes on, within the retry budget;
                     // past it, the answer is passed on as it came.
                     let next = retries.on_status(status, now).filter(|_| {
@@ -382,6 +392,9 @@ impl Upstream {
                 } => (failure, sent, error, false),
             };
             let now = self.clock.now();
+            if self.ewma && !withdrawn {
+                target.observe(now - sending, true, self.ms_at(now));
+            }
             self.failed(target, failure, now, n == 1);
             if !retries.go_on(failure, sent, now) {
                 return Err(error);

@@ -48,6 +48,10 @@ pub(super) struct TargetState {
     /// 0: at its whole weight).
     pub slow_start_ms: u64,
     pub ramp_from_ms: AtomicU64,
+    /// `ewma`: its peak-EWMA latency (µs, as f64 bits) and when it was
+    /// last updated (ms on the upstream's clock).
+    ewma_us: AtomicU64,
+    ewma_at_ms: AtomicU64,
     pub backup: bool,
     /// `down` in the config.
     pub down: bool,
@@ -72,6 +76,10 @@ pub(super) struct Stats {
     /// Active health checks passed, failed.
     pub checks: [AtomicU64; 2],
 }
+
+/// `ewma`'s decay (ms) and the latency a failure counts as (µs).
+const EWMA_DECAY_MS: f64 = 10_000.0;
+const EWMA_PENALTY_US: f64 = 1_000_000.0;
 
 /// The slot of `retries` for a request sent again on a fresh connection.
 pub(super) const STALE: usize = Failure::COUNT;
@@ -105,6 +113,8 @@ impl TargetState {
             check_failed: AtomicBool::new(false),
             slow_start_ms: t.slow_start.map_or(0, |d| d.as_millis() as u64),
             ramp_from_ms: AtomicU64::new(0),
+            ewma_us: AtomicU64::new(0f64.to_bits()),
+            ewma_at_ms: AtomicU64::new(0),
             backup: t.backup,
             down: t.down,
             stats: Stats::default(),
@@ -147,6 +157,41 @@ impl TargetState {
             return super::balancer::FULL;
         }
         (100 + 900 * elapsed / self.slow_start_ms) as i64
+    }
+
+    /// Its peak-EWMA latency decayed to `now_ms` (linkerd's and Finagle's
+    /// "peak EWMA", a 10 s decay) with `rtt_us` observed, when given: a
+    /// slower answer than the average counts whole at once, a faster one
+    /// pulls it down with time.
+    fn ewma(&self, now_ms: u64, rtt_us: Option<f64>) -> f64 {
+        let cost = f64::from_bits(self.ewma_us.load(Ordering::Relaxed));
+        let then = self.ewma_at_ms.load(Ordering::Relaxed);
+        let w = (-(now_ms.saturating_sub(then) as f64) / EWMA_DECAY_MS).exp();
+        let rtt = rtt_us.unwrap_or(0.0);
+        if rtt > cost {
+            rtt
+        } else {
+            cost * w + rtt * (1.0 - w)
+        }
+    }
+
+    /// `ewma`: an attempt took `rtt`; `failed` (an error, a 5xx, a 429)
+    /// counts as a slow one, so a target that refuses fast attracts no
+    /// more traffic for it.
+    pub fn observe(&self, rtt: Duration, failed: bool, now_ms: u64) {
+        let mut us = rtt.as_secs_f64() * 1e6;
+        if failed {
+            us = us.max(EWMA_PENALTY_US);
+        }
+        let cost = self.ewma(now_ms, Some(us));
+        self.ewma_us.store(cost.to_bits(), Ordering::Relaxed);
+        self.ewma_at_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// `ewma`'s score at `now_ms`: latency times (requests in flight + 1).
+    pub fn score(&self, now_ms: u64) -> u32 {
+        let score = self.ewma(now_ms, None) * f64::from(self.load() + 1);
+        score.min(f64::from(u32::MAX)) as u32
     }
 
     pub fn note_failure(&self, failure: Failure, unix_ms: u64) {
