@@ -19,21 +19,33 @@ use crate::common::*;
 /// A backend answering `status` with `<name> <bytes of body received>`,
 /// over HTTP/1.1 or h2c.
 async fn counting(name: &'static str, status: u16) -> SocketAddr {
+    backend(name, status, true).await.0
+}
+
+/// A backend answering `status` with its name (and, with `lengths`, the
+/// bytes of body it received), over HTTP/1.1 or h2c; the requests it
+/// received are counted.
+async fn backend(name: &'static str, status: u16, lengths: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = hits.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| async move {
-                    let body = req
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes().len())
-                        .unwrap_or(0);
-                    let mut res = http::Response::new(full(format!("{name} {body}")));
-                    *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                    Ok::<_, std::convert::Infallible>(res)
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
+                        let text = match lengths {
+                            true => format!("{name} {}", body.unwrap_or(0)),
+                            false => name.to_owned(),
+                        };
+                        let mut res = http::Response::new(full(text));
+                        *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(res)
+                    }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), svc)
@@ -41,7 +53,7 @@ async fn counting(name: &'static str, status: u16) -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, hits)
 }
 
 async fn proxy(bad: SocketAddr, good: SocketAddr, protocol: &str, on: &str) -> TestProxy {
@@ -242,33 +254,6 @@ async fn a_kept_body_is_sent_whole_again_after_the_keep_alive_race() {
     );
 }
 
-/// `counting`, with the requests it received counted.
-async fn counted(name: &'static str, status: u16) -> (SocketAddr, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
-                    seen.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        let mut res = http::Response::new(full(name));
-                        *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                        Ok::<_, std::convert::Infallible>(res)
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    (addr, hits)
-}
-
 /// Half the requests meet a target answering 502 (`http_502` listed, never
 /// marked down). Without a budget each is retried: the upstream sees 1.5x
 /// the client's requests. With linkerd's budget (ratio 0.2, here one a
@@ -282,8 +267,8 @@ async fn a_retry_budget_caps_what_the_upstream_sees_under_failures() {
             "",
             ", budget: { ratio: 0.2, min_per_second: 1, window: 10s }",
         ] {
-            let (bad, bad_hits) = counted("bad", 502).await;
-            let (good, good_hits) = counted("good", 200).await;
+            let (bad, bad_hits) = backend("bad", 502, false).await;
+            let (good, good_hits) = backend("good", 200, false).await;
             let p = TestProxy::spawn(&format!(
                 "listeners: [{{ bind: '127.0.0.1:0' }}]
 admin: {{ enabled: false }}

@@ -345,7 +345,9 @@ impl Upstream {
                 length,
                 chunked: !bodiless && length.is_none(),
             };
-            let (failure, sent, error, withdrawn) = match self.attempt(to, head, &mut body).await {
+            // `answered`: an answer's status sent it on, its latency and budget
+            // already seen to.
+            let (failure, sent, error, answered) = match self.attempt(to, head, &mut body).await {
                 Tried::Answer(answer) => {
                     let now = self.clock.now();
                     let status = answer.status();
@@ -392,14 +394,14 @@ impl Upstream {
                 } => (failure, sent, error, false),
             };
             let now = self.clock.now();
-            if self.ewma && !withdrawn {
+            if self.ewma && !answered {
                 target.observe(now - sending, true, self.ms_at(now));
             }
             self.failed(target, failure, now, n == 1);
             if !retries.go_on(failure, sent, now) {
                 return Err(error);
             }
-            if let (Some(b), false) = (&self.budget, withdrawn) {
+            if let (Some(b), false) = (&self.budget, answered) {
                 if !b.withdraw(self.ms_at(now) / 1000) {
                     tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "retry budget spent: not passing the request on");
                     return Err(error);
