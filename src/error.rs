@@ -100,6 +100,15 @@ pub enum ProxyError {
     UpstreamBodyFailed(String),
     #[error("upstream \"{upstream}\" did not answer within {seconds}s")]
     UpstreamTimeout { upstream: String, seconds: f64 },
+    /// The upstream is at its concurrency limit (or every target at its
+    /// `max_conns`) and this request's class was shed.
+    #[error("upstream \"{upstream}\" is overloaded: a request of class \"{class}\" was shed ({reason}); retry in {retry_after}s")]
+    Shed {
+        upstream: String,
+        class: std::sync::Arc<str>,
+        reason: &'static str,
+        retry_after: u64,
+    },
 }
 
 impl ProxyError {
@@ -128,6 +137,7 @@ impl ProxyError {
             ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamBodyFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

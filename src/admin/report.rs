@@ -88,7 +88,11 @@ impl Pipeline {
 
     /// Every upstream's counters (dashboard, metrics).
     pub fn upstreams_report(&self) -> Vec<crate::metrics::UpstreamReport> {
-        self.upstreams.iter().map(|u| u.report()).collect()
+        let mut all: Vec<_> = self.upstreams.iter().map(|u| u.report()).collect();
+        for r in all.iter_mut().filter_map(|u| u.protect.as_mut()) {
+            r.classes = self.priorities.names.clone();
+        }
+        all
     }
 
     /// Every listener with its connection counters (dashboard).

@@ -4,7 +4,10 @@
 //!   target's state (`up`, `down` until when, `draining`, `down` in the
 //!   config), whether it is a backup, its requests in flight (and
 //!   `max_conns`), answers, failures by reason, retries by reason, times
-//!   marked down, and its last failure with its reason.
+//!   marked down, and its last failure with its reason; with `concurrency`
+//!   or `queue` configured, `protect`: the limit now and its history (one
+//!   point a second), requests in flight and queued, the measured unloaded
+//!   latency, and shed requests by class and reason.
 //! - `PUT /api/upstreams/<upstream>/<target>` with `{"down": true}`
 //!   drains the target (no new requests; those in flight finish) until it
 //!   is set back with `{"down": false}` or the config is reloaded. Logged
@@ -14,7 +17,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::{problem, Caller};
-use crate::metrics::TargetReport;
+use crate::metrics::{ProtectReport, ShedReason, TargetReport};
 use crate::pipeline::upstream::Failure;
 use crate::pipeline::Pipeline;
 
@@ -26,7 +29,10 @@ pub fn list(p: &Pipeline) -> Reply {
         .upstreams
         .iter()
         .map(|u| {
-            let report = u.report();
+            let mut report = u.report();
+            if let Some(r) = report.protect.as_mut() {
+                r.classes = p.priorities.names.clone();
+            }
             json!({
                 "name": &*report.name,
                 "balance": u.balance_name(),
@@ -34,10 +40,38 @@ pub fn list(p: &Pipeline) -> Reply {
                 "resolve_failures": report.resolve_failures,
                 "sent_while_all_failing_checks": report.all_failing_checks,
                 "targets": report.targets.iter().map(target_json).collect::<Vec<_>>(),
+                "protect": report.protect.as_ref().map(protect_json),
             })
         })
         .collect();
     (StatusCode::OK, json!({ "upstreams": upstreams }))
+}
+
+/// An upstream's concurrency limit, queue and shed requests by class.
+pub fn protect_json(r: &ProtectReport) -> Value {
+    let shed: serde_json::Map<String, Value> = r
+        .classes
+        .iter()
+        .zip(&r.shed)
+        .map(|(class, counts)| {
+            let by: serde_json::Map<String, Value> = ShedReason::ALL
+                .iter()
+                .map(|why| (why.name().to_owned(), json!(counts[*why as usize])))
+                .collect();
+            (class.to_string(), Value::Object(by))
+        })
+        .collect();
+    json!({
+        "limit": r.limit,
+        "in_flight": r.in_flight,
+        "queued": r.queued,
+        "queue_size": r.queue_size,
+        "min_rtt_ms": r.min_rtt_us.map(|us| us as f64 / 1000.0),
+        "measuring_min_rtt": r.probing,
+        "dequeued": r.dequeued,
+        "shed": shed,
+        "history": r.history.iter().map(|(s, l)| json!([s, l])).collect::<Vec<_>>(),
+    })
 }
 
 /// One target as `/api/upstreams` and `/api/overview` show it.

@@ -11,8 +11,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 mod plans;
+mod protect;
 mod upstream;
 pub use self::plans::*;
+pub use self::protect::*;
 pub use self::upstream::*;
 
 #[derive(Debug)]
@@ -35,6 +37,7 @@ pub struct Config {
     pub store_zones: Vec<crate::limiter::memory::ZoneSpec>,
     pub store: StoreConfig,
     pub alerts: AlertsConfig,
+    pub priorities: Priorities,
 }
 
 /// Attack alerts: rules on limits, and where they are posted.
@@ -234,6 +237,8 @@ pub struct RouteConfig {
     /// lower case; `websocket` unless configured): any other is dropped and
     /// the request served as plain HTTP/1.1. Never `h2c`.
     pub upgrades: Vec<Box<str>>,
+    /// The priority class of its requests, if it names one.
+    pub priority: Option<u8>,
 }
 
 impl RouteConfig {

@@ -240,6 +240,7 @@ pub struct Shared<'a> {
     pub zones: &'a [ZoneConfig],
     pub store: &'a StoreConfig,
     pub plans: &'a [std::sync::Arc<str>],
+    pub priorities: &'a Priorities,
 }
 
 pub fn route(
@@ -253,6 +254,7 @@ pub fn route(
         zones,
         store,
         plans,
+        ..
     } = *shared;
     let zone_index: HashMap<&str, usize> = zones
         .iter()

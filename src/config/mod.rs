@@ -15,6 +15,7 @@ pub(crate) mod limits;
 pub(crate) mod load;
 pub(crate) mod penalty;
 pub(crate) mod plans;
+pub(crate) mod protect;
 pub(crate) mod quota;
 pub(crate) mod raw;
 pub(crate) mod routes;
@@ -254,6 +255,46 @@ impl Config {
                 if retries.is_empty() { "off" } else { &retries },
                 units::format_duration(u.connect_timeout),
                 units::format_duration(u.timeout),
+            );
+            if let Some(c) = &u.concurrency {
+                let _ = writeln!(
+                    s,
+                    "  {:<12} concurrency: adaptive (gradient) {}..{}, tolerance {}, every {}, min_rtt probed every {} over {} answers",
+                    "",
+                    c.min,
+                    c.max,
+                    c.tolerance,
+                    units::format_duration(c.interval),
+                    units::format_duration(c.probe_every),
+                    c.probe_requests,
+                );
+            }
+            if let Some(q) = &u.queue {
+                let _ = writeln!(
+                    s,
+                    "  {:<12} queue: {} requests, {} each at most (highest class first)",
+                    "",
+                    q.size,
+                    units::format_duration(q.timeout),
+                );
+            }
+        }
+        if self.priorities.names.len() > 1 || self.priorities.never_shed != 0 {
+            let p = &self.priorities;
+            let names: Vec<String> = p
+                .names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| match p.never_shed(i as u8) {
+                    true => format!("{n} (never shed)"),
+                    false => n.to_string(),
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "priorities (shed lowest first): {}; default {}",
+                names.join(" > "),
+                p.names[p.default as usize]
             );
         }
         let _ = writeln!(s, "routes (in match order):");

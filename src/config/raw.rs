@@ -69,6 +69,7 @@ pub struct RawConfig {
     pub bypass: Option<RawBypass>,
     pub store: Option<RawStore>,
     pub alerts: Option<RawAlerts>,
+    pub priorities: Option<RawPriorities>,
 }
 
 /// Written as a file `load` reads back: the sections in the order `check`
@@ -112,6 +113,9 @@ impl Serialize for RawConfig {
         }
         if !self.zones.is_empty() {
             map.serialize_entry("zones", &Items(&self.zones))?;
+        }
+        if let Some(priorities) = &self.priorities {
+            map.serialize_entry("priorities", priorities)?;
         }
         if !self.upstreams.is_empty() {
             map.serialize_entry("upstreams", &Named(&self.upstreams))?;
@@ -241,6 +245,22 @@ pub struct RawRoute {
     pub verify: Option<RawVerify>,
     /// Protocols a client may switch to (`Upgrade`); default `[websocket]`.
     pub upgrades: Option<Vec<String>>,
+    /// The priority class of its requests (`priorities.classes`).
+    pub priority: Option<String>,
+}
+
+/// Priority classes: which requests an overloaded upstream sheds first.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPriorities {
+    /// Highest first.
+    pub classes: Vec<String>,
+    pub default: Option<String>,
+    pub never_shed: Option<Vec<String>>,
+    /// Plan name -> class.
+    pub plans: Option<std::collections::BTreeMap<String, String>>,
+    /// A header naming the class, believed from trusted proxies only.
+    pub header: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

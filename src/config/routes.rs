@@ -150,6 +150,9 @@ pub(super) fn routes(
             warn_at: extras.warn_at,
             webhook: extras.webhook,
             upgrades: upgrades(c, &path, r.upgrades.as_deref()),
+            priority: r.priority.as_ref().and_then(|p| {
+                super::protect::class(shared.priorities, &format!("{path}.priority"), p, c)
+            }),
         };
         if let Some((_, first)) = out.iter().find(|(o, _)| {
             o.host == route.host && o.path == route.path && o.methods == route.methods

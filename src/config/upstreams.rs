@@ -166,6 +166,14 @@ pub(super) fn upstreams(
                 .health_check
                 .as_ref()
                 .map(|h| super::balance::health_check(c, &format!("{path}.health_check"), h)),
+            concurrency: u
+                .concurrency
+                .as_ref()
+                .map(|r| super::protect::concurrency(c, &format!("{path}.concurrency"), r)),
+            queue: u
+                .queue
+                .as_ref()
+                .map(|r| super::protect::queue(c, &format!("{path}.queue"), r)),
         };
         index.insert(name.clone(), out.len());
         out.push(upstream);

@@ -44,6 +44,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
         .unwrap_or_default();
     let zones = super::limits::zones(&raw.zones, &mut store_zones, &store, &plan_names, &mut c);
     let bypass = super::limits::bypass(raw.bypass.as_ref(), &mut c);
+    let priorities = super::protect::priorities(raw.priorities.as_ref(), &plan_names, &mut c);
     let routes = super::routes::routes(
         &mut c,
         raw.routes,
@@ -53,6 +54,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
             zones: &zones,
             store: &store,
             plans: &plan_names,
+            priorities: &priorities,
         },
         &mut store_zones,
     );
@@ -74,6 +76,7 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     if c.problems.is_empty() {
         Ok(Config {
             alerts,
+            priorities,
             listeners,
             admin,
             server,

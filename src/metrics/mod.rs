@@ -20,7 +20,7 @@ mod upstream;
 
 pub use histogram::{Histogram, HistogramSnapshot, CALL_BOUNDS};
 pub use listener::{h2_noise_seen, H2Side, Handover, ListenerReport, ListenerStats, ProtocolError};
-pub use upstream::{Failure, TargetReport, UpstreamReport};
+pub use upstream::{Failure, ProtectReport, ShedReason, TargetReport, UpstreamReport};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -23,6 +23,60 @@ pub struct UpstreamReport {
     /// HTTP/2 connections open and streams running on them (`None`: the
     /// upstream speaks HTTP/1.1 only).
     pub h2: Option<(usize, usize)>,
+    /// Its concurrency limit and queue (`None`: neither is configured).
+    pub protect: Option<ProtectReport>,
+}
+
+/// Why a request was shed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedReason {
+    /// Over the concurrency limit, with no queue to wait in.
+    Limit,
+    /// The queue was full (or a higher class took its place).
+    QueueFull,
+    /// It waited its queue's timeout (or its gRPC deadline).
+    Timeout,
+}
+
+impl ShedReason {
+    pub const ALL: [ShedReason; 3] = [
+        ShedReason::Limit,
+        ShedReason::QueueFull,
+        ShedReason::Timeout,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ShedReason::Limit => "limit",
+            ShedReason::QueueFull => "queue_full",
+            ShedReason::Timeout => "timeout",
+        }
+    }
+}
+
+/// An upstream's concurrency limit and queue, read at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct ProtectReport {
+    /// The limit now (`None`: no adaptive limit, the queue serves
+    /// `max_conns` alone).
+    pub limit: Option<u32>,
+    /// Requests admitted whose answers have not ended.
+    pub in_flight: u32,
+    /// Requests waiting in the queue, and its size.
+    pub queued: u32,
+    pub queue_size: Option<u32>,
+    /// The controller's measured unloaded latency (µs), and whether it is
+    /// measuring it again now (the limit held at its minimum).
+    pub min_rtt_us: Option<u64>,
+    pub probing: bool,
+    /// Requests that waited in the queue and were then admitted.
+    pub dequeued: u64,
+    /// Shed requests by class index and [`ShedReason`], and the classes'
+    /// names (`priorities.classes`).
+    pub shed: Vec<[u64; 3]>,
+    pub classes: Vec<Arc<str>>,
+    /// The limit once a second lately: (unix s, limit), oldest first.
+    pub history: Vec<(u64, u32)>,
 }
 
 /// One target's state and figures.

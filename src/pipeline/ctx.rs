@@ -67,6 +67,9 @@ pub struct Ctx<'p> {
     /// The access record and the held `max_conn` slots, settled when the
     /// response body ends.
     pub end: RequestEnd,
+    /// Its priority class, and whether it is never shed (`protect`),
+    /// where an upstream's gate asked.
+    pub class: (u8, bool),
 }
 
 impl<'p> Ctx<'p> {
@@ -89,6 +92,7 @@ impl<'p> Ctx<'p> {
             delayed_ms: 0,
             rejected_keys: SmallVec::new(),
             end,
+            class: (0, false),
         }
     }
 }

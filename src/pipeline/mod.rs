@@ -33,6 +33,7 @@ pub(crate) mod key;
 pub(crate) mod limits;
 pub(crate) mod normalize;
 pub(crate) mod penalty;
+pub(crate) mod protect;
 pub(crate) mod proxy;
 pub(crate) mod record;
 mod replayed;
@@ -110,6 +111,8 @@ pub struct Pipeline {
     pub(crate) alerts: Arc<Alerts>,
     /// The listeners, in config order (as the metrics count them).
     pub(crate) listeners: Box<[ListenerView]>,
+    /// Which requests an overloaded upstream sheds first.
+    pub(crate) priorities: crate::config::Priorities,
 }
 
 /// A listener as the admin API shows it.
@@ -175,6 +178,7 @@ impl Pipeline {
             .map(|p| p.names.clone())
             .unwrap_or_default();
         Pipeline {
+            priorities: config.priorities.clone(),
             metrics: Arc::new(
                 Metrics::carried(
                     &listeners,
@@ -346,7 +350,17 @@ impl Pipeline {
                 if http2 && response::grpc::is_grpc(req.headers()) {
                     let code = response::grpc::code(err.status());
                     cx.end.set_grpc_status(Some(code as u16));
-                    Box::new(response::grpc::answer(resp, code, &err.to_string(), None))
+                    let message = err.to_string();
+                    // A shed call: UNAVAILABLE with when to retry.
+                    let refusal = match &err {
+                        ProxyError::Shed { retry_after, .. } => Some(response::grpc::Refusal {
+                            limit: "",
+                            detail: &message,
+                            retry_after: *retry_after,
+                        }),
+                        _ => None,
+                    };
+                    Box::new(response::grpc::answer(resp, code, &message, refusal))
                 } else {
                     Box::new(resp)
                 }
@@ -512,8 +526,12 @@ impl Pipeline {
         };
         let upstream = &self.upstreams[i];
         cx.end.set_upstream(&upstream.name);
+        let (gate, p) = (upstream.gate.as_ref(), &self.priorities);
+        protect::admit(gate, &upstream.name, p, cx, req.headers()).await?;
         let timeout = self.body_read_timeout;
-        let forwarded = proxy::forward(cx, req, body, conn, upstream, route, timeout).await;
+        let forwarded = proxy::forward(cx, req, body, conn, upstream, route, timeout)
+            .await
+            .map_err(|e| protect::named(e, p, cx));
         if forwarded.is_err() {
             self.settle(cx, route, None).await;
         }

@@ -77,11 +77,13 @@ pub async fn forward(
             timeout: grpc
                 .then(|| response::grpc::timeout(req.headers()))
                 .flatten(),
+            class: cx.class,
         }
     } else {
         Call {
             trailers: settles_by_trailer
                 || (req.version() == Version::HTTP_2 && asks_for_trailers(req.headers())),
+            class: cx.class,
             ..Call::default()
         }
     };

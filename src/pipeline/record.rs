@@ -65,6 +65,8 @@ pub struct RequestEnd {
     pub watch: Option<Box<super::settle::Watch>>,
     /// The request's place in its target's requests in flight.
     pub in_flight: Option<super::upstream::InFlight>,
+    /// Its place under the upstream's concurrency limit (`protect`).
+    pub permit: Option<super::protect::Permit>,
 }
 
 impl RequestEnd {
@@ -92,6 +94,7 @@ impl RequestEnd {
             conn,
             slots: Vec::new(),
             in_flight: None,
+            permit: None,
             watch: None,
         }
     }

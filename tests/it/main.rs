@@ -42,6 +42,7 @@ mod request_order;
 mod resolve;
 mod retry_bodies;
 mod shared_conns;
+mod shedding;
 mod streaming;
 mod tls;
 mod upgrades;

@@ -37,6 +37,10 @@ pub struct UpstreamConfig {
     pub resolver: Resolver,
     /// Active health checks (nginx Plus `health_check`), if any.
     pub health_check: Option<HealthCheck>,
+    /// An adaptive concurrency limit, if any.
+    pub concurrency: Option<super::Concurrency>,
+    /// Where requests over it or `max_conns` wait, if anywhere.
+    pub queue: Option<super::QueueConfig>,
 }
 
 /// A request to each target at an interval: `fails` failed checks in a

@@ -27,6 +27,28 @@ pub struct RawUpstream {
     pub next_upstream: Option<RawNextUpstream>,
     pub resolver: Option<RawResolver>,
     pub health_check: Option<RawHealthCheck>,
+    /// An adaptive concurrency limit.
+    pub concurrency: Option<RawConcurrency>,
+    /// Where requests over the limit or `max_conns` wait.
+    pub queue: Option<RawQueue>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    pub min: Option<Text>,
+    pub max: Option<Text>,
+    pub tolerance: Option<Text>,
+    pub interval: Option<Text>,
+    pub probe_every: Option<Text>,
+    pub probe_requests: Option<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    pub size: Option<Text>,
+    pub timeout: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -388,3 +388,82 @@ upstreams:
         ],
     );
 }
+
+#[test]
+fn protection_names_its_mistakes() {
+    let ok = crate::Config::from_yaml(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+identity: { plans: { names: [free, pro], header: x-plan } }
+priorities:
+  classes: [critical, paid, standard, bulk]
+  default: standard
+  never_shed: [critical]
+  plans: { pro: paid }
+  header: x-priority
+upstreams:
+  a:
+    targets: ['127.0.0.1:1']
+    concurrency: { min: 2, max: 50, tolerance: 0.5 }
+    queue: { size: 20, timeout: 500ms }
+routes:
+  - { match: { path: /healthz }, upstream: a, priority: critical }
+  - { match: { path_prefix: /export }, upstream: a, priority: bulk }
+",
+        &|_| None,
+    )
+    .unwrap();
+    let p = &ok.priorities;
+    assert_eq!(p.names.len(), 4);
+    assert_eq!(p.default, 2);
+    assert!(p.never_shed(0) && !p.never_shed(1));
+    assert_eq!(p.plans, vec![None, Some(1)]);
+    let healthz = ok.routes.iter().find(|r| r.priority == Some(0));
+    assert!(healthz.is_some(), "a route names its class");
+    let u = &ok.upstreams[0];
+    let c = u.concurrency.as_ref().unwrap();
+    assert_eq!((c.min, c.max, c.tolerance), (2, 50, 0.5));
+    assert_eq!(c.interval, std::time::Duration::from_millis(100));
+    assert_eq!(u.queue.as_ref().unwrap().size, 20);
+    let summary = ok.summary();
+    assert!(
+        summary.contains("concurrency: adaptive (gradient) 2..50, tolerance 0.5"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("critical (never shed) > paid > standard > bulk"),
+        "{summary}"
+    );
+
+    let found = problems(
+        "listeners: [{ bind: '127.0.0.1:0' }]
+identity: { plans: { names: [free, pro], header: x-plan } }
+priorities:
+  classes: [critical, bulk, critical]
+  default: normal
+  never_shed: [vip]
+  plans: { gold: bulk, pro: premium }
+upstreams:
+  a: { targets: ['127.0.0.1:1'], concurrency: { min: 100, max: 10 } }
+  b: { targets: ['127.0.0.1:1'], queue: { size: 10 } }
+  c: { targets: ['127.0.0.1:1'], concurrency: { tolerance: -1, interval: 2m }, queue: { size: 0, timeout: 1s } }
+routes:
+  - { match: { path_prefix: / }, upstream: a, priority: urgent }
+",
+    );
+    crate::config::testing::assert_exactly(
+        &found,
+        &[
+            "priorities.classes[2]: \"critical\" is listed twice",
+            "priorities.default: unknown priority class \"normal\"",
+            "priorities.never_shed[0]: unknown priority class \"vip\"",
+            "priorities.plans.gold: \"gold\" is not in identity.plans.names",
+            "priorities.plans.pro: unknown priority class \"premium\"",
+            "upstreams.a.concurrency.min: min (100) is above max (10)",
+            "upstreams.b.queue.timeout: a queue needs a timeout",
+            "upstreams.c.concurrency.tolerance: expected a fraction from 0 to 10",
+            "upstreams.c.concurrency.interval: interval is longer than probe_every",
+            "upstreams.c.queue.size:",
+            "routes[0].priority: unknown priority class \"urgent\"",
+        ],
+    );
+}

@@ -5,7 +5,7 @@
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::{counter, gauge, histograms, Scrape};
-use crate::metrics::{Failure, TargetReport, UpstreamReport};
+use crate::metrics::{Failure, ShedReason, TargetReport, UpstreamReport};
 
 impl Scrape {
     /// Upstream requests, retries, cool-downs and latency.
@@ -130,6 +130,7 @@ impl Scrape {
             "Requests running on an upstream's HTTP/2 connections.",
             h2(|(_, s)| s),
         )?;
+        self.protect(e, &upstreams)?;
         histograms(
             e,
             "tollgate_upstream_duration_seconds",
@@ -137,6 +138,82 @@ impl Scrape {
             upstreams
                 .into_iter()
                 .map(|u| (vec![("upstream", u.name.to_string())], u.duration)),
+        )?;
+        Ok(())
+    }
+}
+
+impl Scrape {
+    /// Upstreams' concurrency limits, queues and shed requests.
+    fn protect(
+        &self,
+        e: &mut DescriptorEncoder<'_>,
+        upstreams: &[UpstreamReport],
+    ) -> Result<(), std::fmt::Error> {
+        let each = |value: fn(&crate::metrics::ProtectReport) -> Option<i64>| {
+            upstreams.iter().filter_map(move |u| {
+                let n = value(u.protect.as_ref()?)?;
+                Some((vec![("upstream", u.name.to_string())], n))
+            })
+        };
+        gauge(
+            e,
+            "tollgate_upstream_concurrency_limit",
+            "An upstream's adaptive concurrency limit now (concurrency): requests admitted at once before the rest wait in its queue or are shed.",
+            each(|p| p.limit.map(i64::from)),
+        )?;
+        gauge(
+            e,
+            "tollgate_upstream_admitted_in_flight",
+            "Requests an upstream's gate admitted whose answers have not ended (what its concurrency limit bounds).",
+            each(|p| Some(i64::from(p.in_flight))),
+        )?;
+        gauge(
+            e,
+            "tollgate_upstream_queue_length",
+            "Requests waiting in an upstream's queue (for a place under its concurrency limit or a target under max_conns).",
+            each(|p| p.queue_size.map(|_| i64::from(p.queued))),
+        )?;
+        let mut family = e.encode_descriptor(
+            "tollgate_upstream_min_rtt_seconds",
+            "The unloaded latency the concurrency controller measured for an upstream (the limit falls once latency rises past it by the tolerance).",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for u in upstreams {
+            if let Some(us) = u.protect.as_ref().and_then(|p| p.min_rtt_us) {
+                let labels = [("upstream", u.name.to_string())];
+                let gauge = prometheus_client::metrics::gauge::ConstGauge::new(us as f64 / 1e6);
+                prometheus_client::encoding::EncodeMetric::encode(
+                    &gauge,
+                    family.encode_family(&labels)?,
+                )?;
+            }
+        }
+        counter(
+            e,
+            "tollgate_upstream_dequeued",
+            "Requests that waited in an upstream's queue and were then sent.",
+            each(|p| p.queue_size.map(|_| p.dequeued as i64)).map(|(l, n)| (l, n as u64)),
+        )?;
+        counter(
+            e,
+            "tollgate_upstream_shed",
+            "Requests an overloaded upstream shed (503, gRPC UNAVAILABLE), by priority class and reason: limit (over the concurrency limit, no queue), queue_full (the queue full, or a higher class took the place), timeout (waited the queue's timeout or the call's deadline).",
+            upstreams.iter().flat_map(|u| {
+                u.protect.iter().flat_map(move |p| {
+                    p.classes.iter().zip(&p.shed).flat_map(move |(class, counts)| {
+                        ShedReason::ALL.iter().map(move |why| {
+                            let labels = vec![
+                                ("upstream", u.name.to_string()),
+                                ("class", class.to_string()),
+                                ("reason", why.name().to_owned()),
+                            ];
+                            (labels, counts[*why as usize])
+                        })
+                    })
+                })
+            }),
         )?;
         Ok(())
     }

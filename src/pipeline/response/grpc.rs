@@ -189,17 +189,19 @@ fn status_details(code: Code, message: &str, r: &Refusal<'_>) -> Bytes {
     let status = Status {
         code: code as i32,
         message: message.to_owned(),
-        details: vec![
-            Any {
-                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
-                value: retry.encode_to_vec(),
-            },
-            Any {
-                type_url: "type.googleapis.com/google.rpc.QuotaFailure".into(),
-                value: quota.encode_to_vec(),
-            },
-        ],
+        details: vec![Any {
+            type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+            value: retry.encode_to_vec(),
+        }],
     };
+    let mut status = status;
+    // A shed call names no limit: the retry delay alone.
+    if !r.limit.is_empty() {
+        status.details.push(Any {
+            type_url: "type.googleapis.com/google.rpc.QuotaFailure".into(),
+            value: quota.encode_to_vec(),
+        });
+    }
     Bytes::from(status.encode_to_vec())
 }
 

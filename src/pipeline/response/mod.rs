@@ -181,7 +181,14 @@ pub fn problem(err: &ProxyError) -> Response<ProxyBody> {
         ProxyError::LimitUnavailable(LimiterError::Closed { limit, .. }) => Some((&**limit, 1)),
         _ => None,
     };
-    let mut resp = problem_body(err.status(), &err.to_string(), limit);
+    let mut resp = match err {
+        // Shed by an overloaded upstream: retry soon, no limit to name.
+        ProxyError::Shed { retry_after, .. } => {
+            let body = problem_json(err.status(), &err.to_string(), None);
+            problem_response(err.status(), body, Some(*retry_after), 0)
+        }
+        _ => problem_body(err.status(), &err.to_string(), limit),
+    };
     match err {
         ProxyError::Unauthorized(_) => {
             resp.headers_mut().insert(

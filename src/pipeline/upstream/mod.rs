@@ -100,6 +100,8 @@ pub struct Upstream {
     slow_start: bool,
     /// `balance: ewma`: latencies are observed.
     ewma: bool,
+    /// Its concurrency limit and queue (`protect`), if configured.
+    pub gate: Option<Arc<crate::pipeline::protect::Gate>>,
     all_failing: std::sync::atomic::AtomicBool,
     sent_all_failing: std::sync::atomic::AtomicU64,
     /// `balance` as written, for the admin API.
@@ -177,6 +179,9 @@ impl Upstream {
             checks: cfg.health_check.is_some(),
             slow_start: cfg.targets.iter().any(|t| t.slow_start.is_some()),
             ewma: cfg.balance == crate::config::Balance::Ewma,
+            gate: (cfg.concurrency.is_some() || cfg.queue.is_some()).then(|| {
+                crate::pipeline::protect::Gate::new(cfg.concurrency.as_ref(), cfg.queue.as_ref())
+            }),
             all_failing: Default::default(),
             sent_all_failing: Default::default(),
             balance_name: cfg.balance.to_string(),
@@ -295,6 +300,7 @@ impl Upstream {
         // attempts are bounded by the number of targets).
         let mut tried: u64 = 0;
         let mut last_error = None;
+        let mut waited = None;
         loop {
             let usable = |i: usize| {
                 let t = &set.targets[i];
@@ -317,7 +323,17 @@ impl Upstream {
                 false => set.targets[i].load(),
             };
             let Some(idx) = set.balancer.pick_scaled(&mut pick, usable, load, &scale) else {
-                break;
+                // Every target at its max_conns: wait in the queue for one.
+                match self.gate.as_ref().filter(|g| g.has_queue() && tried == 0) {
+                    Some(g) if set.targets.iter().any(|t| t.full()) => {
+                        let until = *waited.get_or_insert_with(|| g.wait_until(call.deadline()));
+                        g.wait_slot(call.class.0, call.class.1, until)
+                            .await
+                            .map_err(|shed| self.shed(shed))?;
+                        continue;
+                    }
+                    _ => break,
+                }
             };
             let target = &*set.targets[idx];
             target.health.picked(|| self.ms_at(sending));
@@ -329,7 +345,11 @@ impl Upstream {
             }
             retries.tried += 1;
             *chosen = Some(target.authority.clone());
-            let in_flight = target.start();
+            let wakes = self
+                .gate
+                .as_ref()
+                .filter(|g| g.has_queue() && target.max_conns != 0);
+            let in_flight = target.start(wakes);
             if let Some(kept) = &kept {
                 body = Some(RequestBody::buffered(kept.clone()));
             }
@@ -369,6 +389,9 @@ impl Upstream {
                                 target.came_back(self.clock.unix_ms());
                             }
                             self.duration.observe(now - sending);
+                            if let Some(g) = &self.gate {
+                                g.sample(now - sending);
+                            }
                             return Ok((answer, in_flight));
                         }
                         // A listed status: dropped, and on to the next.
@@ -396,6 +419,10 @@ impl Upstream {
             let now = self.clock.now();
             if self.ewma && !answered {
                 target.observe(now - sending, true, self.ms_at(now));
+            }
+            // A timeout is the slowest answer there is.
+            if let (Some(g), Failure::Timeout) = (&self.gate, failure) {
+                g.sample(now - sending);
             }
             self.failed(target, failure, now, n == 1);
             if !retries.go_on(failure, sent, now) {
@@ -466,6 +493,17 @@ impl Upstream {
         }
     }
 
+    /// A request shed while every target was at its `max_conns` (named by
+    /// the protect stage, which knows the classes).
+    fn shed(&self, shed: crate::pipeline::protect::Shed) -> ProxyError {
+        ProxyError::Shed {
+            upstream: self.name.to_string(),
+            class: Arc::from(""),
+            reason: shed.reason.name(),
+            retry_after: 1,
+        }
+    }
+
     /// A failure of `target` at `now`: counted, and towards its
     /// `max_fails` unless nginx does not count it (403, 404).
     /// `alone`: the upstream has no other target.
@@ -526,9 +564,17 @@ pub struct Call {
     /// A deadline of the call's own (gRPC's `grpc-timeout`), when shorter
     /// than the upstream's `timeout`.
     pub timeout: Option<Duration>,
+    /// Its priority class and whether it is never shed, should it wait
+    /// for a target under `max_conns`.
+    pub class: (u8, bool),
 }
 
 impl Call {
+    /// Its own deadline (gRPC's), as an instant from now.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.timeout.map(|t| tokio::time::Instant::now() + t)
+    }
+
     fn head_timeout(&self, upstream: Duration) -> Duration {
         self.timeout.map_or(upstream, |t| t.min(upstream))
     }

@@ -13,6 +13,10 @@ impl Upstream {
         let unix_ms = self.clock.unix_ms();
         UpstreamReport {
             name: self.name.clone(),
+            protect: self
+                .gate
+                .as_ref()
+                .map(|g| g.report(crate::config::MAX_CLASSES)),
             all_failing_checks: self
                 .checks
                 .then(|| self.sent_all_failing.load(Ordering::Relaxed)),

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::pipeline::protect::Gate;
+
 use http::header::HeaderValue;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -130,10 +132,12 @@ impl TargetState {
         self.max_conns != 0 && self.load() >= self.max_conns
     }
 
-    /// One more request in flight, until the guard drops.
-    pub fn start(&self) -> InFlight {
+    /// One more request in flight, until the guard drops; then `wakes`
+    /// (its upstream's queue, where requests wait for a slot under
+    /// `max_conns`) hears of it.
+    pub fn start(&self, wakes: Option<&Arc<Gate>>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.in_flight.clone())
+        InFlight(self.in_flight.clone(), wakes.cloned())
     }
 
     /// It comes back at `unix_ms` (after failures or failed checks): its
@@ -299,10 +303,13 @@ impl TargetSet {
 
 /// A request in flight at a target, counted until it is dropped (when
 /// the answer's body has ended or was abandoned).
-pub struct InFlight(Arc<AtomicU32>);
+pub struct InFlight(Arc<AtomicU32>, Option<Arc<Gate>>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        if let Some(gate) = &self.1 {
+            gate.slot_freed();
+        }
     }
 }
