@@ -521,13 +521,8 @@ pub fn overview(query: &str, p: &Pipeline) -> Reply {
         .collect();
     let upstreams: Vec<Value> = p
         .upstreams_report()
-        .into_iter()
-        .map(|u| {
-            json!({
-                "name": &*u.name,
-                "targets": u.targets.iter().map(super::upstreams::target_json).collect::<Vec<_>>(),
-            })
-        })
+        .iter()
+        .map(super::upstreams::overview_json)
         .collect();
     let listeners: Vec<Value> = p
         .listeners_report()

@@ -47,6 +47,15 @@ pub fn list(p: &Pipeline) -> Reply {
     (StatusCode::OK, json!({ "upstreams": upstreams }))
 }
 
+/// An upstream as `/api/overview` (the dashboard) shows it.
+pub fn overview_json(u: &crate::metrics::UpstreamReport) -> Value {
+    json!({
+        "name": &*u.name,
+        "targets": u.targets.iter().map(target_json).collect::<Vec<_>>(),
+        "protect": u.protect.as_ref().map(protect_json),
+    })
+}
+
 /// An upstream's concurrency limit, queue and shed requests by class.
 pub fn protect_json(r: &ProtectReport) -> Value {
     let shed: serde_json::Map<String, Value> = r
@@ -69,6 +78,7 @@ pub fn protect_json(r: &ProtectReport) -> Value {
         "min_rtt_ms": r.min_rtt_us.map(|us| us as f64 / 1000.0),
         "measuring_min_rtt": r.probing,
         "dequeued": r.dequeued,
+        "classes": r.classes.iter().map(|c| &**c).collect::<Vec<_>>(),
         "shed": shed,
         "history": r.history.iter().map(|(s, l)| json!([s, l])).collect::<Vec<_>>(),
     })

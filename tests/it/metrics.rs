@@ -84,7 +84,7 @@ log: {{ access_log: false }}
 bypass: {{ tokens: ['{TOKEN}'] }}
 zones: [{{ name: slow, rate: 2r/s, burst: 3, delay: 1 }}]
 upstreams:
-  api: {{ targets: ['{}'] }}
+  api: {{ targets: ['{}'], concurrency: {{ min: 2, max: 50 }}, queue: {{ size: 5, timeout: 1s }} }}
   gone: {{ targets: ['{dead}', '{dead2}'], connect_timeout: 1s }}
 routes:
   - name: limited
@@ -211,7 +211,22 @@ routes:
             r#"tollgate_upstream_duration_seconds_count{upstream="api"}"#,
             7.0,
         ),
+        // Its gate: seven admitted, none waiting or shed.
+        (
+            r#"tollgate_upstream_admitted_in_flight{upstream="api"}"#,
+            0.0,
+        ),
+        (r#"tollgate_upstream_queue_length{upstream="api"}"#, 0.0),
+        (
+            r#"tollgate_upstream_shed_total{upstream="api",class="default",reason="queue_full"}"#,
+            0.0,
+        ),
     ];
+    assert!(
+        value(&m, r#"tollgate_upstream_concurrency_limit{upstream="api"}"#)
+            .is_some_and(|l| l >= 2.0),
+        "{m}"
+    );
     for (series, want) in expect {
         assert_eq!(value(&m, series), Some(want), "{series}\n{m}");
     }

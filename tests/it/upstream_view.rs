@@ -86,3 +86,63 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
     let spare_row = cells(browser.eval(&row(&spare.to_string())).await);
     assert_eq!(spare_row[2], "draining (backup)", "{spare_row:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_limit_its_queue_and_what_was_shed() {
+    let backend = crate::shedding::Workers::spawn(4, Duration::from_millis(600)).await;
+    let yaml = format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: ['{TOKEN}'] }}
+log: {{ access_log: false }}
+priorities: {{ classes: [critical, standard, bulk], default: bulk }}
+upstreams:
+  api:
+    targets: ['{}']
+    concurrency: {{ min: 1, max: 1 }}
+    queue: {{ size: 1, timeout: 100ms }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+",
+        backend.addr
+    );
+    let proxy = TestProxy::spawn(&yaml).await;
+    let addr = proxy.addr();
+    // One served, one waits its 100 ms and is shed, one finds the queue full.
+    let mut all = tokio::task::JoinSet::new();
+    for i in 0..3u64 {
+        all.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30 * i)).await;
+            get(addr, "/").await.status.as_u16()
+        });
+    }
+    let mut got = all.join_all().await;
+    got.sort();
+    assert_eq!(got, vec![200, 503, 503]);
+
+    let mut browser = Browser::launch(1280, 1200).await;
+    browser.open_dashboard(proxy.admin.unwrap(), TOKEN).await;
+    let row = browser
+        .wait_for(
+            "(() => { const r = document.querySelector('#protect tr[data-upstream=\"api\"]'); \
+             return r && r.querySelector('polyline') ? [...r.children].map(c => c.textContent) : null; })()",
+            Duration::from_secs(20),
+        )
+        .await;
+    let cells: Vec<&str> = row
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(cells[0], "api");
+    // Too few answers yet to have measured the backend's latency.
+    assert_eq!(cells[1], "1 (measuring)", "the limit: {cells:?}");
+    assert_eq!(cells[3], "0 / 1", "queued of its size: {cells:?}");
+    assert_eq!(
+        cells[5], "critical 0 · standard 0 · bulk 2",
+        "shed by class: {cells:?}"
+    );
+    let visible = browser
+        .eval("!document.getElementById('protect-section').hidden")
+        .await;
+    assert_eq!(visible, true);
+}

@@ -4,18 +4,22 @@
 //! came back is compared with the backend's unloaded latency (`min_rtt`):
 //!
 //! ```text
-//! gradient  = clamp((1 + tolerance) * min_rtt / latency, 0.5, 2)
-//! new limit = clamp(limit * gradient + sqrt(limit * gradient), min, max)
+//! gradient = clamp((1 + tolerance) * min_rtt / latency, 0.5, 2)
+//! target   = limit * gradient (+ sqrt(limit * gradient) while >= 1)
+//! limit    = clamp(limit + 0.25 * (target - limit), min, max)
 //! ```
 //!
 //! While latency stays within `tolerance` of the unloaded one the limit
-//! grows (by half as much again per step at most, and only when requests
-//! used half of it: an idle upstream's limit does not climb to `max`);
-//! once requests queue in the backend, latency rises and the limit falls
-//! to what the backend serves without queueing. The square root is
-//! headroom that lets the limit probe upwards.
+//! grows (only when requests used half of it: an idle upstream's limit
+//! does not climb to `max`), the square root being headroom to probe
+//! upwards; once requests queue in the backend, latency rises and the
+//! limit falls to where latency is `tolerance` above the unloaded one.
+//! Each window moves a quarter of the way: answers lag the limit by a
+//! round trip, and whole steps overshoot and swing (a 100 ms window over
+//! a 100 ms backend swung between 7 and 28 for 10 workers).
 //!
-//! `min_rtt` is measured at the start and every `probe_every`: the limit
+//! `min_rtt` is measured at the start (from the first few answers, at
+//! `min`) and every `probe_every`: the limit
 //! is held at `min` until the requests in flight are down to it (the
 //! backend's own queue drained), then the mean latency of
 //! `probe_requests` answers is the new `min_rtt`, and the limit goes back
@@ -52,6 +56,9 @@ pub struct Controller {
 }
 
 struct State {
+    /// The limit as the controller computes it (the gate holds it
+    /// rounded): small steps add up rather than round away.
+    estimate: f64,
     min_rtt_us: Option<u64>,
     phase: Phase,
     next_probe: Option<Instant>,
@@ -60,13 +67,14 @@ struct State {
 
 enum Phase {
     /// Measuring `min_rtt`: waiting for the requests in flight to drain
-    /// to `min` (`measuring` false), then summing answers; the limit
-    /// returns to `restore` after.
+    /// to `min` (`measuring` false), then summing `need` answers; the
+    /// limit returns to `restore` after.
     Probing {
         measuring: bool,
         sum_us: u64,
         n: u32,
-        restore: u32,
+        need: u32,
+        restore: f64,
     },
     Running,
 }
@@ -79,12 +87,16 @@ impl Controller {
             count: AtomicU32::new(0),
             peak: AtomicU32::new(0),
             state: Mutex::new(State {
+                estimate: f64::from(cfg.min),
                 min_rtt_us: None,
+                // The first measure takes a few answers only: until it is
+                // done the limit is `min`.
                 phase: Phase::Probing {
-                    measuring: false,
+                    measuring: true,
                     sum_us: 0,
                     n: 0,
-                    restore: cfg.min,
+                    need: MIN_SAMPLES.min(cfg.probe_requests),
+                    restore: f64::from(cfg.min),
                 },
                 next_probe: None,
                 history: VecDeque::new(),
@@ -118,21 +130,23 @@ impl Controller {
         let sum = self.sum_us.swap(0, Ordering::Relaxed);
         let peak = self.peak.swap(in_flight, Ordering::Relaxed);
         let probe_due = st.next_probe.is_some_and(|at| now >= at);
-        let new = match &mut st.phase {
+        let min = f64::from(cfg.min);
+        st.estimate = match &mut st.phase {
             Phase::Probing {
                 measuring,
                 sum_us,
                 n: got,
+                need,
                 restore,
             } => {
                 if !*measuring {
                     // This window's answers may have queued in the backend.
                     *measuring = in_flight <= cfg.min;
-                    cfg.min
+                    st.estimate
                 } else {
                     *sum_us += sum;
                     *got += n;
-                    if *got >= cfg.probe_requests {
+                    if *got >= *need {
                         let measured = (*sum_us / u64::from(*got)).max(1);
                         let back = *restore;
                         st.min_rtt_us = Some(measured);
@@ -140,7 +154,7 @@ impl Controller {
                         st.next_probe = Some(now + cfg.probe_every);
                         back
                     } else {
-                        cfg.min
+                        st.estimate
                     }
                 }
             }
@@ -149,20 +163,26 @@ impl Controller {
                     measuring: false,
                     sum_us: 0,
                     n: 0,
-                    restore: limit,
+                    need: cfg.probe_requests,
+                    restore: st.estimate,
                 };
-                cfg.min
+                st.estimate
             }
             Phase::Running => match st.min_rtt_us {
                 Some(min_rtt) => {
                     let rtt = (sum / u64::from(n)).max(1);
                     let min_rtt = min_rtt.min(rtt);
                     st.min_rtt_us = Some(min_rtt);
-                    next_limit(cfg, limit, min_rtt, rtt, peak)
+                    next_estimate(cfg, st.estimate, min_rtt, rtt, peak)
                 }
-                None => limit,
+                None => st.estimate,
             },
         };
+        let new = match st.phase {
+            Phase::Probing { .. } => cfg.min,
+            Phase::Running => (st.estimate.round() as u32).clamp(cfg.min, cfg.max),
+        };
+        debug_assert!(st.estimate >= min);
         Self::record(st, unix_s, new);
         drop(guard);
         gate.limit.store(new, Ordering::Relaxed);
@@ -191,19 +211,30 @@ impl Controller {
     }
 }
 
-/// The gradient step: the limit after a window whose mean latency was
-/// `rtt` (µs), the backend's unloaded one `min_rtt`, and at most `peak`
-/// requests in flight.
-fn next_limit(cfg: &Concurrency, limit: u32, min_rtt: u64, rtt: u64, peak: u32) -> u32 {
+/// The gradient step, smoothed: the limit after a window whose mean
+/// latency was `rtt` (µs), the backend's unloaded one `min_rtt`, and at
+/// most `peak` requests in flight. The headroom is added only while
+/// latency allows growth, so under overload the limit rests where latency
+/// is `tolerance` above the unloaded one.
+fn next_estimate(cfg: &Concurrency, limit: f64, min_rtt: u64, rtt: u64, peak: u32) -> f64 {
     let gradient = ((1.0 + cfg.tolerance) * min_rtt as f64 / rtt as f64).clamp(0.5, 2.0);
     // Requests did not use the limit: latency says nothing about more.
-    if gradient >= 1.0 && peak.saturating_mul(2) < limit {
+    if gradient >= 1.0 && f64::from(peak) * 2.0 < limit {
         return limit;
     }
-    let scaled = f64::from(limit) * gradient;
-    let new = (scaled + scaled.sqrt()).round();
-    (new as u32).clamp(cfg.min, cfg.max)
+    let scaled = limit * gradient;
+    let target = match gradient >= 1.0 {
+        true => scaled + scaled.sqrt(),
+        false => scaled,
+    };
+    let new = limit + SMOOTHING * (target - limit);
+    new.clamp(f64::from(cfg.min), f64::from(cfg.max))
 }
+
+/// How far each window moves the limit towards what its gradient asks:
+/// answers lag the limit by a round trip, and a full step each window
+/// overshoots and swings.
+const SMOOTHING: f64 = 0.25;
 
 /// Runs the controller of the gate behind `gate` every `interval`, until
 /// the gate is gone (a reload replaced its upstream).
@@ -246,21 +277,25 @@ mod tests {
     #[test]
     fn settles_above_the_backends_workers_and_follows_a_step() {
         let c = cfg();
-        let mut limit = 2;
-        let at = |workers: u32, limit: &mut u32| {
-            for _ in 0..40 {
-                *limit = next_limit(&c, *limit, 50_000, latency(*limit, workers, 50_000), *limit);
+        let mut limit = 2.0;
+        let at = |workers: u32, limit: &mut f64| {
+            for _ in 0..60 {
+                let l = limit.round() as u32;
+                *limit = next_estimate(&c, *limit, 50_000, latency(l, workers, 50_000), l);
             }
         };
         at(10, &mut limit);
         // Enough to keep every worker busy, not so many that a request
         // waits longer than the tolerance allows (plus the headroom).
-        assert!((10..=18).contains(&limit), "limit {limit} for 10 workers");
+        assert!(
+            (10.0..=16.0).contains(&limit),
+            "limit {limit} for 10 workers"
+        );
         at(5, &mut limit);
-        assert!((5..=10).contains(&limit), "limit {limit} for 5 workers");
+        assert!((5.0..=8.0).contains(&limit), "limit {limit} for 5 workers");
         at(10, &mut limit);
         assert!(
-            (10..=18).contains(&limit),
+            (10.0..=16.0).contains(&limit),
             "limit {limit} back at 10 workers"
         );
     }
@@ -268,10 +303,10 @@ mod tests {
     #[test]
     fn an_idle_limit_does_not_climb() {
         let c = cfg();
-        assert_eq!(next_limit(&c, 20, 50_000, 50_000, 3), 20);
-        assert!(next_limit(&c, 20, 50_000, 50_000, 15) > 20);
+        assert_eq!(next_estimate(&c, 20.0, 50_000, 50_000, 3), 20.0);
+        assert!(next_estimate(&c, 20.0, 50_000, 50_000, 15) > 20.0);
         // Never past its bounds.
-        assert_eq!(next_limit(&c, 100, 50_000, 50_000, 100), 100);
-        assert_eq!(next_limit(&c, 2, 50_000, 500_000, 2), 2);
+        assert_eq!(next_estimate(&c, 100.0, 50_000, 50_000, 100), 100.0);
+        assert_eq!(next_estimate(&c, 2.0, 50_000, 500_000, 2), 2.0);
     }
 }

@@ -212,7 +212,10 @@ impl Gate {
     /// A target slot was freed: the first waiter for one picks again.
     pub fn slot_freed(&self) {
         if let Some((_, waiting)) = &self.queue {
-            waiting.lock().unwrap_or_else(|e| e.into_inner()).wake_first(Kind::Slot);
+            waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .wake_first(Kind::Slot);
         }
     }
 
