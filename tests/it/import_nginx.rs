@@ -340,3 +340,47 @@ http {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+#[test]
+fn nginx_plus_queue_becomes_the_upstreams_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("nginx.conf"),
+        "events {}
+http {
+    upstream api {
+        server 127.0.0.1:9001 max_conns=20;
+        queue 100 timeout=70;
+    }
+    upstream bare { server 127.0.0.1:9002 max_conns=5; queue 10; }
+    server {
+        listen 8080;
+        location /a/ { proxy_pass http://api; }
+        location /b/ { proxy_pass http://bare; }
+    }
+}
+",
+    )
+    .unwrap();
+    let out = import_in(dir.path());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
+    let config = tollgate::Config::from_yaml(&yaml, &|_| None);
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => panic!("{e}\n{yaml}"),
+    };
+    let queue = |name: &str| {
+        let u = config.upstreams.iter().find(|u| u.name == name).unwrap();
+        let q = u.queue.as_ref().unwrap();
+        (q.size, q.timeout.as_secs())
+    };
+    // nginx Plus's default timeout is 60 s.
+    assert_eq!(queue("api"), (100, 70), "{yaml}");
+    assert_eq!(queue("bare"), (10, 60), "{yaml}");
+}

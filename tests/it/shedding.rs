@@ -366,3 +366,13 @@ async fn the_adaptive_limit_learns_what_a_few_workers_sustain() {
         assert!(!view_during["history"].as_array().unwrap().is_empty());
     }
 }
+
+#[test]
+fn the_readme_sample_is_a_valid_config() {
+    let config = readme_config("priorities:", "");
+    assert_eq!(config.priorities.names.len(), 3);
+    assert!(config.priorities.never_shed(0));
+    let api = &config.upstreams[0];
+    assert_eq!(api.concurrency.as_ref().unwrap().max, 500);
+    assert_eq!(api.queue.as_ref().unwrap().size, 20);
+}

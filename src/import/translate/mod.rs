@@ -263,6 +263,8 @@ struct Upstream {
     /// From the first location that proxies to it (`Some(None)`: nginx's
     /// defaults).
     next_upstream: Option<Option<crate::config::raw::RawNextUpstream>>,
+    /// nginx Plus's `queue N timeout=T`.
+    queue: Option<crate::config::raw::RawQueue>,
 }
 
 #[derive(Default)]

@@ -203,6 +203,7 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
             idle_timeout: u.keepalive_timeout.clone(),
             balance: u.balance.clone(),
             next_upstream: u.next_upstream.clone().flatten(),
+            queue: u.queue.clone(),
             // Only where a target resolves a name.
             resolver: u
                 .targets

@@ -1,7 +1,8 @@
 //! An `upstream {}` block -> an upstream: each `server` a target, its
 //! `weight`, `backup`, `down`, `max_fails`, `fail_timeout` and
 //! `max_conns` a target map; `least_conn`, `random`, `hash` and `ip_hash`
-//! its `balance`; `keepalive` and `keepalive_timeout` its pool; and a
+//! its `balance`; `keepalive` and `keepalive_timeout` its pool; nginx
+//! Plus's `queue` its queue; and a
 //! location's `proxy_next_upstream`, `_tries` and `_timeout` its
 //! `next_upstream`. What changes which target serves a request and is not
 //! translated is a NOT EQUIVALENT note.
@@ -35,6 +36,20 @@ pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
                 }
                 u.resolver = Some(own);
             }
+            // nginx Plus: `queue 100 [timeout=60s]`.
+            "queue" => match s.args.as_slice() {
+                [n] | [n, _] if n.parse::<u32>().is_ok() => {
+                    let timeout = s.args.get(1).and_then(|t| t.strip_prefix("timeout="));
+                    u.queue = Some(crate::config::raw::RawQueue {
+                        size: Some(Text(n.clone())),
+                        timeout: Some(super::duration(timeout.unwrap_or("60s"))),
+                    });
+                }
+                _ => lost(
+                    out,
+                    format!("queue {} is not translated", s.args.join(" ")),
+                ),
+            },
             "least_conn" | "ip_hash" => u.balance = Some(s.name.clone()),
             "random" => match s.args.as_slice() {
                 [] => u.balance = Some("random".into()),
