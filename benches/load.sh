@@ -57,6 +57,11 @@
 #       two ports) balanced by round robin, by least_conn and by
 #       `hash $request_uri consistent`, interleaved: the cost per request
 #       of each balancing method against the round robin over the same two
+#   PROTECT=1 bash benches/load.sh
+#       also runs the allow path with backend protection on (an adaptive
+#       concurrency limit held at 1000, which no run reaches, and a
+#       queue): the cost per request of the gate, the controller's
+#       sampling and its task, next to the allow path
 #   PLANS=1 bash benches/load.sh
 #       also runs the two tiers with a plan (the plan read from a header
 #       of a trusted peer, every limit with numbers of its own for it) and
@@ -105,6 +110,7 @@ TLS=${TLS:-}
 H2=${H2:-}
 PLANS=${PLANS:-}
 BALANCE=${BALANCE:-}
+PROTECT=${PROTECT:-}
 QUOTAS=${QUOTAS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
@@ -306,6 +312,14 @@ if [ -n "$BALANCE" ]; then
         sed -i "s|\[\"127.0.0.1:$UP\"\] }|[\"127.0.0.1:$UP\", \"127.0.0.1:$((UP + 10))\"], balance: \"$method\" }|" "$work/bal-$name.yaml"
     done
 fi
+if [ -n "$PROTECT" ]; then
+    # The allow config, its upstream behind a gate whose limit no run
+    # reaches (every request takes and gives back a place, the
+    # controller samples every answer) and a queue.
+    tollgate_config "$work/protect.yaml" $((BASE_PORT + 35)) $((BASE_PORT + 75)) 100000000r/s no ""
+    sed -i "s|\[\"127.0.0.1:$UP\"\] }|[\"127.0.0.1:$UP\"], concurrency: { min: 1000, max: 1000 }, queue: { size: 100, timeout: 1s } }|" "$work/protect.yaml"
+    grep -q "concurrency" "$work/protect.yaml" || { echo "load.sh: the protect config has no gate" >&2; exit 1; }
+fi
 if [ -n "$QUOTAS" ]; then
     # The two tiers, a monthly quota beside them, a penalty box on the zone
     # and on the short limit (never filled: the check alone).
@@ -360,6 +374,9 @@ if [ -n "$BALANCE" ]; then
     TG_BAL_RR=$(start_tollgate "$TOLLGATE" "$work/bal-rr.yaml"); pids+=("$TG_BAL_RR")
     TG_BAL_LEAST=$(start_tollgate "$TOLLGATE" "$work/bal-least.yaml"); pids+=("$TG_BAL_LEAST")
     TG_BAL_HASH=$(start_tollgate "$TOLLGATE" "$work/bal-hash.yaml"); pids+=("$TG_BAL_HASH")
+fi
+if [ -n "$PROTECT" ]; then
+    TG_PROTECT=$(start_tollgate "$TOLLGATE" "$work/protect.yaml"); pids+=("$TG_PROTECT")
 fi
 if [ -n "$QUOTAS" ]; then
     TG_QUOTA=$(start_tollgate "$TOLLGATE" "$work/quota.yaml"); pids+=("$TG_QUOTA")
@@ -577,6 +594,9 @@ plan=(
     "tollgate-plans $((BASE_PORT + 23)) $TG_PLANS"
     "${plan[@]}"
 )
+[ -n "$PROTECT" ] && plan+=(
+    "tollgate-protect $((BASE_PORT + 35)) $TG_PROTECT"
+)
 [ -n "$BALANCE" ] && plan+=(
     "tollgate-rr2 $((BASE_PORT + 30)) $TG_BAL_RR"
     "tollgate-least-conn $((BASE_PORT + 31)) $TG_BAL_LEAST"
@@ -648,6 +668,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$H2" ] && names="$names nginx-allow-h2 tollgate-allow-h2 nginx-allow-h2up tollgate-allow-h2up"
 [ -n "$PLANS" ] && names="$names tollgate-plans tollgate-settle"
 [ -n "$BALANCE" ] && names="$names tollgate-rr2 tollgate-least-conn tollgate-hash"
+[ -n "$PROTECT" ] && names="$names tollgate-protect"
 [ -n "$QUOTAS" ] && names="$names tollgate-quota tollgate-boxed"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
@@ -717,6 +738,10 @@ if [ -n "$QUOTAS" ]; then
     compare "quota + box checks: CPU per request vs two tiers" tollgate-quota tollgate-two-tiers 7
     compare "quota + box checks: throughput vs two tiers" tollgate-quota tollgate-two-tiers 4
     compare "refused by a ban: CPU per request vs zone's 429" tollgate-boxed tollgate-reject 7
+fi
+if [ -n "$PROTECT" ]; then
+    compare "protection on: CPU per request vs allow" tollgate-protect tollgate-allow 7
+    compare "protection on: throughput vs allow" tollgate-protect tollgate-allow 4
 fi
 if [ -n "$BALANCE" ]; then
     compare "two targets, round robin: CPU per request vs one" tollgate-rr2 tollgate-allow 7

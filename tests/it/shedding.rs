@@ -376,3 +376,65 @@ fn the_readme_sample_is_a_valid_config() {
     assert_eq!(api.concurrency.as_ref().unwrap().max, 500);
     assert_eq!(api.queue.as_ref().unwrap().size, 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paid_plan_can_be_a_class_that_is_never_shed() {
+    let backend = Workers::spawn(8, Duration::from_millis(1500)).await;
+    let target = format!("'{}'", backend.addr);
+    let top = "client_ip: { trusted_proxies: ['127.0.0.2/32'] }
+identity: { plans: { names: [free, pro], header: x-plan, default: free } }
+priorities: { classes: [paid, standard], never_shed: [paid], plans: { pro: paid } }";
+    let p = proxy(top, &target, "concurrency: { min: 1, max: 1 }", "").await;
+    let addr = p.addr();
+    let first = tokio::spawn(async move { get_from("127.0.0.2", addr, "/hold", &[]).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let pro = [("x-plan", "pro")];
+    let paid = tokio::spawn(async move { get_from("127.0.0.2", addr, "/pro", &pro).await });
+    let free = get_from("127.0.0.2", addr, "/free", &[("x-plan", "free")]).await;
+    assert_eq!(free.status, 503, "the free plan's request is shed");
+    assert_eq!(paid.await.unwrap().status, 200, "the paid plan's never is");
+    assert_eq!(first.await.unwrap().status, 200);
+    let view = protect_view(&p).await;
+    assert_eq!(view["shed"]["standard"]["limit"], 1, "{view}");
+    assert_eq!(view["shed"]["paid"]["limit"], 0, "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_an_unchanged_gate_and_starts_a_changed_one_anew() {
+    let backend = Workers::spawn(8, Duration::from_millis(800)).await;
+    let yaml = |max: u32| {
+        format!(
+            "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: '{TOKEN}' }}
+upstreams:
+  api: {{ targets: ['{}'], concurrency: {{ min: 1, max: {max} }} }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+",
+            backend.addr
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, yaml(1)).unwrap();
+    let p = TestProxy::spawn_file(&path).await;
+    let addr = p.addr();
+    let held = tokio::spawn(async move { get(addr, "/hold").await.status });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(get(addr, "/x").await.status, 503);
+    // The same file: the gate, its place held and its count, stay.
+    p.reload.reload().await.unwrap();
+    assert_eq!(protect_view(&p).await["in_flight"], 1);
+    assert_eq!(
+        get(addr, "/x").await.status,
+        503,
+        "the held place still counts"
+    );
+    assert_eq!(protect_view(&p).await["shed"]["default"]["limit"], 2);
+    // Another limit: a new gate, nothing held or counted yet.
+    std::fs::write(&path, yaml(2)).unwrap();
+    p.reload.reload().await.unwrap();
+    let view = protect_view(&p).await;
+    assert_eq!(view["shed"]["default"]["limit"], 0, "{view}");
+    assert_eq!(view["in_flight"], 0, "{view}");
+    assert_eq!(held.await.unwrap(), 200, "the request in flight finished");
+}

@@ -45,10 +45,7 @@ pub(super) fn upstream(d: &Directive, block: &[Directive], out: &mut Out) {
                         timeout: Some(super::duration(timeout.unwrap_or("60s"))),
                     });
                 }
-                _ => lost(
-                    out,
-                    format!("queue {} is not translated", s.args.join(" ")),
-                ),
+                _ => lost(out, format!("queue {} is not translated", s.args.join(" "))),
             },
             "least_conn" | "ip_hash" => u.balance = Some(s.name.clone()),
             "random" => match s.args.as_slice() {

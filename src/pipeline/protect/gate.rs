@@ -12,7 +12,7 @@
 //! queue.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,6 +92,9 @@ pub struct Gate {
     pub(super) limit: AtomicU32,
     pub(super) in_flight: AtomicU32,
     queue: Option<(QueueConfig, Mutex<Waiting>)>,
+    /// How many wait in the queue, as last written under its lock: while
+    /// none do, places are taken and given back without the lock.
+    waiters: AtomicUsize,
     pub(super) controller: Option<Controller>,
     dequeued: AtomicU64,
     shed: [[AtomicU64; 3]; MAX_CLASSES],
@@ -125,6 +128,7 @@ impl Gate {
             limit: AtomicU32::new(concurrency.map_or(u32::MAX, |c| c.min)),
             in_flight: AtomicU32::new(0),
             queue: queue.map(|q| (q.clone(), Mutex::new(Waiting::default()))),
+            waiters: AtomicUsize::new(0),
             controller: concurrency.map(Controller::new),
             dequeued: AtomicU64::new(0),
             shed: Default::default(),
@@ -150,7 +154,7 @@ impl Gate {
         until: Option<Instant>,
     ) -> Result<Permit, Shed> {
         if never_shed {
-            self.started(self.in_flight.fetch_add(1, Ordering::AcqRel) + 1);
+            self.started(self.in_flight.fetch_add(1, Ordering::SeqCst) + 1);
             return Ok(Permit(self.clone()));
         }
         let Some((cfg, waiting)) = &self.queue else {
@@ -159,16 +163,33 @@ impl Gate {
                 false => Err(self.shed(class, ShedReason::Limit)),
             };
         };
+        // Nobody waits: no lock.
+        if self.waiters.load(Ordering::SeqCst) == 0 && self.try_take() {
+            return Ok(Permit(self.clone()));
+        }
         let (id, rx) = {
             let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
+            // Waiters whose clients went away would keep a newcomer from
+            // a free place that no release would then hand it.
+            w.prune();
             let queued = w.by_class.iter().flatten().any(|x| x.kind == Kind::Place);
             if !queued && self.try_take() {
+                self.waiters.store(w.len(), Ordering::SeqCst);
                 return Ok(Permit(self.clone()));
             }
-            match self.enqueue(&mut w, cfg.size, class, never_shed, Kind::Place) {
-                Some(entry) => entry,
-                None => return Err(self.shed(class, ShedReason::QueueFull)),
+            let Some((id, rx)) = self.enqueue(&mut w, cfg.size, class, never_shed, Kind::Place)
+            else {
+                self.waiters.store(w.len(), Ordering::SeqCst);
+                return Err(self.shed(class, ShedReason::QueueFull));
+            };
+            // A release that gave its place back before it could see this
+            // waiter left the place free: take it.
+            if self.try_take() {
+                w.remove(class, id);
+                self.waiters.store(w.len(), Ordering::SeqCst);
+                return Ok(Permit(self.clone()));
             }
+            (id, rx)
         };
         let until = deadline(cfg.timeout, until);
         match self.wait(id, class, rx, until).await {
@@ -181,14 +202,32 @@ impl Gate {
     }
 
     /// Waits, in the queue, for a target slot to free up (every target is
-    /// at its `max_conns`); `Ok` means: pick again.
-    pub async fn wait_slot(&self, class: u8, never_shed: bool, until: Instant) -> Result<(), Shed> {
+    /// at its `max_conns`: `full` says whether that still holds); `Ok`
+    /// means: pick again.
+    pub async fn wait_slot(
+        &self,
+        class: u8,
+        never_shed: bool,
+        until: Instant,
+        full: impl Fn() -> bool,
+    ) -> Result<(), Shed> {
         let Some((cfg, waiting)) = &self.queue else {
             return Err(self.shed(class, ShedReason::Limit));
         };
         let entry = {
             let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
-            self.enqueue(&mut w, cfg.size, class, never_shed, Kind::Slot)
+            let entry = self.enqueue(&mut w, cfg.size, class, never_shed, Kind::Slot);
+            // A slot freed between the pick and the queue: a release after
+            // this look finds the waiter, one before it shows here.
+            fence(Ordering::SeqCst);
+            if let Some((id, _)) = &entry {
+                if !full() {
+                    w.remove(class, *id);
+                    self.waiters.store(w.len(), Ordering::SeqCst);
+                    return Ok(());
+                }
+            }
+            entry
         };
         let Some((id, rx)) = entry else {
             return Err(self.shed(class, ShedReason::QueueFull));
@@ -211,11 +250,16 @@ impl Gate {
 
     /// A target slot was freed: the first waiter for one picks again.
     pub fn slot_freed(&self) {
+        // The slot's count fell before this (a fence pairs with the
+        // waiter's): either the waiter saw the slot free, or this sees it.
+        fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some((_, waiting)) = &self.queue {
-            waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .wake_first(Kind::Slot);
+            let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
+            w.wake_first(Kind::Slot);
+            self.waiters.store(w.len(), Ordering::SeqCst);
         }
     }
 
@@ -251,6 +295,7 @@ impl Gate {
             keep: never_shed,
             wake: tx,
         });
+        self.waiters.store(w.len(), Ordering::SeqCst);
         Some((id, rx))
     }
 
@@ -268,6 +313,7 @@ impl Gate {
                 if let Some((_, waiting)) = &self.queue {
                     let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
                     if w.remove(class, id) {
+                        self.waiters.store(w.len(), Ordering::SeqCst);
                         return Err(ShedReason::Timeout);
                     }
                 }
@@ -286,7 +332,7 @@ impl Gate {
         let limit = self.limit.load(Ordering::Relaxed);
         let taken = self
             .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < limit).then_some(n + 1)
             });
         match taken {
@@ -307,31 +353,28 @@ impl Gate {
     /// A place freed: handed to the first waiter for one while under the
     /// limit, else released.
     fn release(&self) {
-        if let Some((_, waiting)) = &self.queue {
-            let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
-            let limit = self.limit.load(Ordering::Relaxed);
-            if self.in_flight.load(Ordering::Acquire) <= limit && w.wake_first(Kind::Place) {
-                return;
-            }
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // Either a waiter that joined meanwhile took the place itself, or
+        // it is seen here and handed the place.
+        if self.queue.is_some() && self.waiters.load(Ordering::SeqCst) != 0 {
+            self.admit_waiting();
         }
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// The limit rose: waiters take the new places.
+    /// Places are free (one was given back, or the limit rose): the first
+    /// waiters take them.
     pub(super) fn admit_waiting(&self) {
         let Some((_, waiting)) = &self.queue else {
             return;
         };
         let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
-        while self.in_flight.load(Ordering::Acquire) < self.limit.load(Ordering::Relaxed) {
-            self.in_flight.fetch_add(1, Ordering::AcqRel);
+        while self.try_take() {
             if !w.wake_first(Kind::Place) {
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
         }
+        self.waiters.store(w.len(), Ordering::SeqCst);
     }
 
     fn shed(&self, class: u8, reason: ShedReason) -> Shed {
@@ -351,6 +394,7 @@ impl Gate {
         let queued = self.queue.as_ref().map_or(0, |(_, w)| {
             let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
             w.prune();
+            self.waiters.store(w.len(), Ordering::SeqCst);
             w.len() as u32
         });
         let (min_rtt_us, probing, history) = match &self.controller {
@@ -382,4 +426,62 @@ impl Gate {
 fn deadline(timeout: Duration, call: Option<Instant>) -> Instant {
     let own = Instant::now() + timeout;
     call.map_or(own, |c| c.min(own))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(limit: u32, size: usize, timeout: Duration) -> Arc<Gate> {
+        let cfg = Concurrency {
+            min: limit,
+            max: limit,
+            tolerance: 0.25,
+            interval: Duration::from_secs(3600),
+            probe_every: Duration::from_secs(3600),
+            probe_requests: 1,
+        };
+        let queue = QueueConfig { size, timeout };
+        Gate::new(Some(&cfg), Some(&queue))
+    }
+
+    /// 200 requests through a limit of 3 and a queue of 500: never more
+    /// than 3 at once, every one served, nothing left waiting or counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_queue_hands_every_place_over_and_never_passes_the_limit() {
+        let g = gate(3, 500, Duration::from_secs(30));
+        let now = Arc::new(AtomicU32::new(0));
+        let most = Arc::new(AtomicU32::new(0));
+        let mut all = tokio::task::JoinSet::new();
+        for i in 0..200u32 {
+            let (g, now, most) = (g.clone(), now.clone(), most.clone());
+            all.spawn(async move {
+                let permit = g.admit((i % 3) as u8, false, None).await;
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            });
+        }
+        let all = tokio::time::timeout(Duration::from_secs(20), all.join_all()).await;
+        assert!(all.is_ok(), "a waiter was never woken");
+        assert!(most.load(Ordering::SeqCst) <= 3, "{most:?} at once");
+        let r = g.report(3);
+        assert_eq!((r.in_flight, r.queued), (0, 0));
+        assert_eq!(r.shed.iter().flatten().sum::<u64>(), 0);
+    }
+
+    /// A waiter whose client went away takes nothing: the place goes to
+    /// the next, and a newcomer finds it free.
+    #[tokio::test]
+    async fn a_waiter_gone_away_is_passed_over() {
+        let g = gate(1, 10, Duration::from_secs(30));
+        let held = g.admit(0, false, None).await.unwrap();
+        let gone = tokio::time::timeout(Duration::from_millis(20), g.admit(0, false, None)).await;
+        assert!(gone.is_err(), "it waited, then its client went away");
+        drop(held);
+        let next = tokio::time::timeout(Duration::from_secs(1), g.admit(0, false, None)).await;
+        assert!(matches!(next, Ok(Ok(_))), "the free place is taken at once");
+    }
 }

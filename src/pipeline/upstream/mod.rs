@@ -327,7 +327,8 @@ impl Upstream {
                 match self.gate.as_ref().filter(|g| g.has_queue() && tried == 0) {
                     Some(g) if set.targets.iter().any(|t| t.full()) => {
                         let until = *waited.get_or_insert_with(|| g.wait_until(call.deadline()));
-                        g.wait_slot(call.class.0, call.class.1, until)
+                        let full = || (0..n).all(|i| !usable(i));
+                        g.wait_slot(call.class.0, call.class.1, until, full)
                             .await
                             .map_err(|shed| self.shed(shed))?;
                         continue;
