@@ -102,6 +102,11 @@ enum Command {
     Run {
         #[arg(short, long, default_value = "/etc/tollgate/tollgate.yaml")]
         config: PathBuf,
+        /// Reload the config file when it changes (a ConfigMap's symlink
+        /// swap, an editor's rename), as SIGHUP does; a bad file keeps the
+        /// running config.
+        #[arg(long)]
+        watch: bool,
     },
     /// Ask a running tollgate to reload its config file (`POST /api/reload`
     /// on its admin listener) and print what changed or every problem.
@@ -192,7 +197,7 @@ fn main() -> ExitCode {
             };
             replay(&config, against.as_deref(), format, &options)
         }
-        Command::Run { config } => match run(&config) {
+        Command::Run { config, watch } => match run(&config, watch) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("tollgate: {e:#}");
@@ -384,7 +389,7 @@ fn check_store(config: &Config) -> ExitCode {
     }
 }
 
-fn run(path: &Path) -> anyhow::Result<()> {
+fn run(path: &Path, watch: bool) -> anyhow::Result<()> {
     let config = match load(path) {
         Ok(c) => c,
         Err(_) => anyhow::bail!("refusing to start with an invalid config"),
@@ -396,6 +401,9 @@ fn run(path: &Path) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let server = Server::bind(config).await?.with_source(path.to_owned());
         reload_on_sighup(server.reload_handle());
+        if watch {
+            server.watch_source(std::time::Duration::from_secs(5));
+        }
         for (name, addr) in server.addrs() {
             tracing::info!(listener = %name, %addr, "listening");
         }

@@ -10,6 +10,7 @@
 //! in-flight requests, and waits up to `server.shutdown_grace`.
 
 mod carry;
+mod watch_config;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -167,6 +168,14 @@ impl Server {
     pub fn with_source(mut self, path: PathBuf) -> Self {
         self.source = Some(path);
         self
+    }
+
+    /// Reloads the config file whenever it changes (`run --watch`), within
+    /// a moment by notification, within `every` at worst.
+    pub fn watch_source(&self, every: Duration) {
+        if let Some(path) = &self.source {
+            watch_config::watch(path.clone(), self.reload_handle(), every);
+        }
     }
 
     /// A handle that asks the running server to reload its config file.

@@ -49,3 +49,4 @@ mod upgrades;
 mod upstream_failures;
 mod upstream_h1;
 mod upstream_view;
+mod watch_config;

@@ -34,8 +34,14 @@ impl Running {
             "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]\nadmin: {{ bind: '127.0.0.1:0' }}\nlog: {{ format: json, access_log: {access_log} }}\n{rest}"
         );
         let path = write_config(&dir, &yaml);
+        Self::run_in(dir, &path, &[])
+    }
+
+    /// `tollgate run --config <path> <more>`, `path` inside `dir`.
+    pub fn run_in(dir: tempfile::TempDir, path: &str, more: &[&str]) -> Running {
         let mut child = Command::new(BIN)
-            .args(["run", "--config", &path])
+            .args(["run", "--config", path])
+            .args(more)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
