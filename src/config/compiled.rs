@@ -187,6 +187,10 @@ pub struct ServerConfig {
     pub h2_max_reset_streams: usize,
     /// How long in-flight requests may run after SIGTERM before being cut.
     pub shutdown_grace: Duration,
+    /// After SIGTERM, how long `/readyz` says 503 while the listeners
+    /// still accept and serve (each HTTP/1.1 answer closing its
+    /// connection, HTTP/2 connections told GOAWAY), before accepting stops.
+    pub drain_delay: Duration,
     /// A client that sends no body bytes for this long gets 408 (nginx
     /// `client_body_timeout`).
     pub body_read_timeout: Duration,

@@ -216,6 +216,7 @@ pub struct RawServer {
     pub h2_max_concurrent_streams: Option<Text>,
     pub h2_max_reset_streams: Option<Text>,
     pub shutdown_grace: Option<Text>,
+    pub drain_delay: Option<Text>,
     pub body_read_timeout: Option<Text>,
     pub lingering_time: Option<Text>,
     pub lingering_timeout: Option<Text>,

@@ -106,6 +106,7 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
         h2_max_concurrent_streams: None,
         h2_max_reset_streams: None,
         shutdown_grace: None,
+        drain_delay: None,
         body_read_timeout: None,
         lingering_time: None,
         lingering_timeout: None,
@@ -157,6 +158,7 @@ fn server(c: &mut Checker, raw: &RawConfig) -> ServerConfig {
             &s.shutdown_grace,
             Duration::from_secs(30),
         ),
+        drain_delay: c.duration("server.drain_delay", &s.drain_delay, Duration::ZERO),
         body_read_timeout: c.positive_duration(
             "server.body_read_timeout",
             &s.body_read_timeout,

@@ -150,7 +150,8 @@ async fn serve_with<I>(
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let graceful = |c: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(c);
-    if let Some(Err(e)) = watch(conn, graceful, ctx, &state, peer, &mut shutdown).await {
+    let drains = true;
+    if let Some(Err(e)) = watch(conn, graceful, ctx, &state, peer, &mut shutdown, drains).await {
         // Logged once per connection, at debug: the client decides how
         // often this happens. An HTTP/2 connection that ended on anything
         // but an I/O error ended on the peer's protocol error (GOAWAY).
@@ -175,7 +176,11 @@ fn caused_by_io(e: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Drives `conn` (a connection being served) under the watchdog: its
 /// output when it ends by itself, `None` when the watchdog closed it.
-/// `graceful` asks it to finish what is in flight and close.
+/// `graceful` asks it to finish what is in flight and close; with
+/// `drains`, so does the server's drain (hyper's connections: HTTP/2 is
+/// told GOAWAY, HTTP/1.1 closes after its answer; the fast path closes
+/// after each answer by itself while draining, keeping idle connections
+/// for their next request).
 pub(super) async fn watch<C: Future>(
     mut conn: Pin<&mut C>,
     mut graceful: impl FnMut(Pin<&mut C>),
@@ -183,7 +188,10 @@ pub(super) async fn watch<C: Future>(
     state: &ConnState,
     peer: SocketAddr,
     shutdown: &mut watch::Receiver<bool>,
+    drains: bool,
 ) -> Option<C::Output> {
+    let mut drain = ctx.drain.started.clone();
+    let mut drain_live = drains;
     let idle_timeout = ctx.idle_timeout;
     let first_head = tokio::time::sleep(ctx.header_read_timeout);
     tokio::pin!(first_head);
@@ -213,7 +221,7 @@ pub(super) async fn watch<C: Future>(
     let hard_close = tokio::time::sleep(Duration::from_secs(3600));
     tokio::pin!(hard_close);
     let mut hard_close_armed = false;
-    if *shutdown.borrow() {
+    if *shutdown.borrow() || (drains && ctx.drain.draining()) {
         graceful(conn.as_mut());
         closing = true;
     }
@@ -227,6 +235,14 @@ pub(super) async fn watch<C: Future>(
         wake.woken.store(true, Ordering::Relaxed);
         let changed = shutdown.changed();
         tokio::pin!(changed);
+        let live = drain_live;
+        let drained = async {
+            match live {
+                true => drain.changed().await.is_ok(),
+                false => std::future::pending().await,
+            }
+        };
+        tokio::pin!(drained);
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(res) = conn.as_mut().poll(cx) {
                 return Poll::Ready(Event::Ended(res));
@@ -244,6 +260,11 @@ pub(super) async fn watch<C: Future>(
             }
             if !closing && changed.as_mut().poll(&mut cx).is_ready() {
                 return Poll::Ready(Event::Shutdown);
+            }
+            if !closing {
+                if let Poll::Ready(live) = drained.as_mut().poll(&mut cx) {
+                    return Poll::Ready(Event::Drain(live));
+                }
             }
             if !closing && idle.as_mut().poll(&mut cx).is_ready() {
                 return Poll::Ready(Event::Tick);
@@ -267,6 +288,14 @@ pub(super) async fn watch<C: Future>(
             Event::Shutdown => {
                 graceful(conn.as_mut());
                 closing = true;
+            }
+            // The server is gone (`false`): nothing more to hear.
+            Event::Drain(false) => drain_live = false,
+            Event::Drain(true) => {
+                if ctx.drain.draining() {
+                    graceful(conn.as_mut());
+                    closing = true;
+                }
             }
             Event::Tick => {
                 let now = tokio::time::Instant::now();
@@ -312,6 +341,8 @@ enum Event<T> {
     FirstHead,
     HardClose,
     Shutdown,
+    /// The drain's signal moved (`false`: its sender is gone).
+    Drain(bool),
     Tick,
 }
 

@@ -67,6 +67,25 @@ pub struct ListenerCtx {
     /// working on (`h2_max_concurrent_streams`): past it, new streams are
     /// refused.
     upstream_slots: usize,
+    /// The server's drain after SIGTERM (`server.drain_delay`).
+    drain: Drain,
+}
+
+/// The drain after SIGTERM as connections see it: while it lasts, every
+/// HTTP/1.1 answer closes its connection and HTTP/2 connections are told
+/// GOAWAY, so clients move to other replicas while nothing is refused.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    /// Read on each HTTP/1.1 answer of the fast path.
+    pub on: Arc<std::sync::atomic::AtomicBool>,
+    /// Woken when it starts, for connections hyper serves.
+    pub started: watch::Receiver<bool>,
+}
+
+impl Drain {
+    pub fn draining(&self) -> bool {
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl ListenerCtx {
@@ -78,8 +97,10 @@ impl ListenerCtx {
         s: &ServerConfig,
         live: Live,
         stats: Arc<ListenerStats>,
+        drain: Drain,
     ) -> ListenerCtx {
         ListenerCtx {
+            drain,
             name,
             tls,
             builder: http_builder(s),

@@ -235,6 +235,11 @@ impl Server {
             fixed,
             source,
             listed: Arc::default(),
+            drain: {
+                let (tx, rx) = watch::channel(false);
+                let on = Arc::new(AtomicBool::new(false));
+                (tx, crate::listener::Drain { on, started: rx })
+            },
         };
         let ready = Arc::new(AtomicBool::new(true));
         for b in listeners {
@@ -270,11 +275,23 @@ impl Server {
                 }
             }
         }
+        ready.store(false, Ordering::SeqCst);
+        // Drain: not ready, still serving, every answer moving its client
+        // on; the load balancer stops sending meanwhile.
+        let delay = state.server.drain_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                drain_ms = delay.as_millis() as u64,
+                "draining: /readyz answers 503, connections are served and told to close"
+            );
+            state.drain.1.on.store(true, Ordering::SeqCst);
+            let _ = state.drain.0.send(true);
+            tokio::time::sleep(delay).await;
+        }
         tracing::info!(
             grace_ms = state.server.shutdown_grace.as_millis() as u64,
             "shutting down: no new connections, draining in-flight requests"
         );
-        ready.store(false, Ordering::SeqCst);
         let mut stopped = Vec::new();
         for r in state.running.drain(..) {
             let _ = r.stop.send(true);
@@ -332,6 +349,8 @@ struct State {
     source: Option<PathBuf>,
     /// The listeners `/readyz` lists, kept current by reloads.
     listed: Arc<ArcSwap<Vec<(String, SocketAddr)>>>,
+    /// The drain after SIGTERM: its signal, and what connections see.
+    drain: (watch::Sender<bool>, crate::listener::Drain),
 }
 
 fn fixed_of(config: &Config) -> (Option<SocketAddr>, String) {
@@ -360,6 +379,7 @@ impl State {
             &self.server,
             self.live.clone(),
             stats,
+            self.drain.1.clone(),
         )
     }
 

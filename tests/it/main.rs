@@ -10,6 +10,7 @@ mod cli;
 mod client_ip;
 mod conformance;
 mod contrib;
+mod drain;
 mod ewma;
 mod forwarding;
 mod framing;

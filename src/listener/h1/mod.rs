@@ -80,7 +80,7 @@ pub(super) async fn serve<I>(
         let served = run(io, ctx, &info);
         let served = pin!(served);
         let close = |_: Pin<&mut _>| state.close_gracefully();
-        conn::watch(served, close, ctx, &state, info.peer, &mut shutdown).await
+        conn::watch(served, close, ctx, &state, info.peer, &mut shutdown, false).await
     };
     if let Some(Some(rest)) = ended {
         // Boxed: a connection that stays on the fast path carries no room
@@ -218,7 +218,8 @@ where
         // more closes it, lingering so that the client reads the answer
         // (`pipeline::discard::drains`, the rule for hyper's bodies too).
         let unread = pump.as_ref().map_or(0, Pump::remaining);
-        let mut again = facts.keep_alive && !state.closing();
+        // While the server drains, each answer closes its connection.
+        let mut again = facts.keep_alive && !state.closing() && !ctx.drain.draining();
         if unread > 0 && !discard::drains(Some(unread), false) {
             again = false;
             state.linger_on_close();
