@@ -26,6 +26,11 @@ struct Checked {
 }
 
 async fn checked(name: &'static str) -> Checked {
+    checked_on(name, false).await
+}
+
+/// `checked`, over HTTP/2 only (h2c with prior knowledge) with `h2_only`.
+async fn checked_on(name: &'static str, h2_only: bool) -> Checked {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let healthy = Arc::new(AtomicBool::new(true));
@@ -48,9 +53,15 @@ async fn checked(name: &'static str) -> Checked {
                         Ok::<_, std::convert::Infallible>(res)
                     }
                 });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
+                if h2_only {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                } else {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                }
             });
         }
     });
@@ -194,4 +205,53 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
         "a took {} once ramped",
         share(&later)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http2_only_upstream_is_checked_over_http2() {
+    let (a, b) = (checked_on("a", true).await, checked_on("b", true).await);
+    let proxy = TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ enabled: false }}
+log: {{ access_log: false }}
+upstreams:
+  api:
+    targets: ['{}', '{}']
+    protocol: h2
+    health_check: {{ path: /health, interval: 100ms, timeout: 500ms, fails: 1, passes: 1 }}
+routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+",
+        a.addr, b.addr
+    ))
+    .await;
+    // Checks that speak HTTP/1.1 to these targets fail on every one of
+    // them, and then both take requests anyway: both serve here only if
+    // the checks pass.
+    until(
+        Duration::from_secs(3),
+        "both checked and serving",
+        || async { a.checks.load(Ordering::SeqCst) > 0 && b.checks.load(Ordering::SeqCst) > 0 },
+    )
+    .await;
+    assert!(
+        both_serve(proxy.addr()).await,
+        "both targets pass their checks"
+    );
+    b.healthy.store(false, Ordering::SeqCst);
+    until(
+        Duration::from_secs(3),
+        "b out after a failed check",
+        || async {
+            let seen = sequence(proxy.addr(), 4).await;
+            count(&seen, "a") == 4
+        },
+    )
+    .await;
+    b.healthy.store(true, Ordering::SeqCst);
+    until(
+        Duration::from_secs(3),
+        "b back after a passed check",
+        || async { both_serve(proxy.addr()).await },
+    )
+    .await;
 }

@@ -1,7 +1,9 @@
 //! Active health checks (nginx Plus `health_check`): one task per target
 //! per process, never per worker and never on the request path, asks
 //! `GET <path>` every `interval` (over a connection of its own, TLS where
-//! the upstream speaks it, `Connection: close`) and reads the answer's
+//! the upstream speaks it; HTTP/2 to a `protocol: h2` upstream, and to an
+//! `auto` one whose target picks h2 in the TLS handshake; else HTTP/1.1
+//! with `Connection: close`) and reads the answer's
 //! status within `timeout`. `fails` failed checks in a row take the
 //! target out of the balancer; `passes` passed ones bring it back. When
 //! every target fails its checks, requests still go to all of them (a
@@ -16,8 +18,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
+use super::io::Io;
 use super::target::TargetState;
-use crate::config::HealthCheck;
+use crate::config::{HealthCheck, UpstreamProtocol};
+
+type Tls = (TlsConnector, Option<rustls_pki_types::ServerName<'static>>);
 
 /// Starts checking `target` (the task ends once the target is gone).
 pub(super) fn start(
@@ -25,10 +30,11 @@ pub(super) fn start(
     check: HealthCheck,
     upstream: Arc<str>,
     connect_timeout: Duration,
-    tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
+    tls: Option<Tls>,
+    protocol: UpstreamProtocol,
 ) {
     let weak = Arc::downgrade(target);
-    tokio::spawn(run(weak, check, upstream, connect_timeout, tls));
+    tokio::spawn(run(weak, check, upstream, connect_timeout, tls, protocol));
 }
 
 async fn run(
@@ -36,7 +42,8 @@ async fn run(
     check: HealthCheck,
     upstream: Arc<str>,
     connect_timeout: Duration,
-    tls: Option<(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
+    tls: Option<Tls>,
+    protocol: UpstreamProtocol,
 ) {
     let (mut failed_in_row, mut passed_in_row) = (0u32, 0u32);
     loop {
@@ -45,7 +52,13 @@ async fn run(
         };
         let probed = tokio::time::timeout(
             check.timeout,
-            probe(&target, &check.path, connect_timeout, tls.as_ref()),
+            probe(
+                &target,
+                &check.path,
+                connect_timeout,
+                tls.as_ref(),
+                protocol,
+            ),
         )
         .await;
         let result = match probed {
@@ -86,13 +99,22 @@ async fn probe(
     target: &TargetState,
     path: &str,
     connect_timeout: Duration,
-    tls: Option<&(TlsConnector, Option<rustls_pki_types::ServerName<'static>>)>,
+    tls: Option<&Tls>,
+    protocol: UpstreamProtocol,
 ) -> Result<u16, String> {
     let mut conn = target
         .connect(connect_timeout, tls)
         .await
         .map_err(|(_, e)| e)?;
     let host = String::from_utf8_lossy(target.host_value.as_bytes()).into_owned();
+    let h2 = match (&conn.io, protocol) {
+        (_, UpstreamProtocol::H2) => true,
+        (Io::Tls(s), UpstreamProtocol::Auto) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+        _ => false,
+    };
+    if h2 {
+        return probe_h2(conn.io, &host, path).await;
+    }
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: tollgate-health-check\r\nConnection: close\r\n\r\n"
     );
@@ -122,4 +144,29 @@ async fn probe(
         .ok()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| "no status code".to_owned())
+}
+
+/// One check over HTTP/2 (prior knowledge on TCP, ALPN h2 over TLS).
+async fn probe_h2(io: Io, host: &str, path: &str) -> Result<u16, String> {
+    let scheme = match io {
+        Io::Tls(_) => "https",
+        Io::Tcp(_) => "http",
+    };
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(io),
+    )
+    .await
+    .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+    // The connection is driven here until the answer's head, then dropped.
+    let driven = tokio::spawn(conn);
+    let req = http::Request::get(format!("{scheme}://{host}{path}"))
+        .header(http::header::USER_AGENT, "tollgate-health-check")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let answer = sender.send_request(req).await;
+    driven.abort();
+    answer
+        .map(|r| r.status().as_u16())
+        .map_err(|e| format!("HTTP/2 request failed: {e}"))
 }

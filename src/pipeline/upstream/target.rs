@@ -292,7 +292,8 @@ impl TargetSet {
                             .as_ref()
                             .map(|t| (TlsConnector::from(t.config.clone()), t.server_name.clone()));
                         let name = Arc::from(cfg.name.as_str());
-                        super::checks::start(&new, check.clone(), name, cfg.connect_timeout, tls);
+                        let (timeout, protocol) = (cfg.connect_timeout, cfg.protocol);
+                        super::checks::start(&new, check.clone(), name, timeout, tls, protocol);
                     }
                     new
                 })
