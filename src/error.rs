@@ -106,7 +106,7 @@ pub enum ProxyError {
     Shed {
         upstream: String,
         class: std::sync::Arc<str>,
-        reason: &'static str,
+        reason: crate::metrics::ShedReason,
         retry_after: u64,
     },
 }

@@ -28,11 +28,8 @@ pub fn list(p: &Pipeline) -> Reply {
     let upstreams: Vec<Value> = p
         .upstreams
         .iter()
-        .map(|u| {
-            let mut report = u.report();
-            if let Some(r) = report.protect.as_mut() {
-                r.classes = p.priorities.names.clone();
-            }
+        .zip(p.upstreams_report())
+        .map(|(u, report)| {
             json!({
                 "name": &*report.name,
                 "balance": u.balance_name(),

@@ -20,6 +20,24 @@ impl Checker {
         self.problems.push(Problem::new(path, message));
     }
 
+    /// Whether `name` is a label (a plan, a priority class: a metric label
+    /// value, so 1 to 32 letters, digits, `_` or `-`); reported at `path`
+    /// as a `kind` name when it is not.
+    pub fn label(&mut self, path: String, kind: &str, name: &str) -> bool {
+        let ok = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !ok {
+            self.report(
+                path,
+                format!("a {kind} name is 1 to 32 letters, digits, '_' or '-', got \"{name}\""),
+            );
+        }
+        ok
+    }
+
     pub fn duration(&mut self, path: &str, value: &Option<Text>, default: Duration) -> Duration {
         let Some(text) = value else { return default };
         match parse_duration(&text.0) {

@@ -37,16 +37,7 @@ pub fn plans(raw: Option<&RawPlans>, c: &mut Checker) -> Option<PlansConfig> {
     let raw = raw?;
     let mut names: Vec<Arc<str>> = Vec::new();
     for (i, n) in raw.names.iter().enumerate() {
-        let ok = !n.is_empty()
-            && n.len() <= 32
-            && n.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !ok {
-            c.report(
-                format!("identity.plans.names[{i}]"),
-                format!("a plan name is 1 to 32 letters, digits, '_' or '-', got \"{n}\""),
-            );
-        }
+        c.label(format!("identity.plans.names[{i}]"), "plan", n);
         if names.iter().any(|x| &**x == n.as_str()) {
             c.report(
                 format!("identity.plans.names[{i}]"),

@@ -26,20 +26,9 @@ pub(super) fn priorities(
         header: None,
     };
     for (i, n) in raw.classes.iter().enumerate() {
-        let ok = !n.is_empty()
-            && n.len() <= 32
-            && n.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !ok {
-            c.report(
-                format!("priorities.classes[{i}]"),
-                format!("a class name is 1 to 32 letters, digits, '_' or '-', got \"{n}\""),
-            );
-        } else if p.find(n.as_bytes()).is_some() {
-            c.report(
-                format!("priorities.classes[{i}]"),
-                format!("\"{n}\" is listed twice"),
-            );
+        let path = format!("priorities.classes[{i}]");
+        if c.label(path.clone(), "class", n) && p.find(n.as_bytes()).is_some() {
+            c.report(path, format!("\"{n}\" is listed twice"));
         }
         p.names.push(Arc::from(n.as_str()));
     }

@@ -38,6 +38,12 @@ pub enum ShedReason {
     Timeout,
 }
 
+impl std::fmt::Display for ShedReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl ShedReason {
     pub const ALL: [ShedReason; 3] = [
         ShedReason::Limit,

@@ -57,55 +57,43 @@ pub async fn admit(
             cx.end.permit = Some(permit);
             Ok(())
         }
-        Err(shed) => {
-            let err = shed_error(upstream, p, shed);
-            if let ProxyError::Shed { class, reason, .. } = &err {
-                cx.end.set_rate_limit(|| format!("shed:{class}:{reason}"));
-            }
-            Err(err)
-        }
+        Err(shed) => Err(shed_error(upstream, p, shed, cx)),
     }
 }
 
 /// A request the upstream shed while every target was at its
-/// `max_conns` (its queue full, or its time up), named and logged as the
-/// gate's are.
+/// `max_conns` (its queue full, or its time up): named and logged as the
+/// gate's are (`Upstream::send` knows no class names).
 pub fn named(err: ProxyError, p: &Priorities, cx: &mut Ctx<'_>) -> ProxyError {
     match err {
         ProxyError::Shed {
             upstream, reason, ..
         } => {
-            let reason = match reason {
-                "limit" => crate::metrics::ShedReason::Limit,
-                "timeout" => crate::metrics::ShedReason::Timeout,
-                _ => crate::metrics::ShedReason::QueueFull,
-            };
             let shed = Shed {
                 class: cx.class.0,
                 reason,
             };
-            let err = shed_error(&upstream, p, shed);
-            if let ProxyError::Shed { class, reason, .. } = &err {
-                cx.end.set_rate_limit(|| format!("shed:{class}:{reason}"));
-            }
-            err
+            shed_error(&upstream, p, shed, cx)
         }
         other => other,
     }
 }
 
-/// The answer to a shed request, logged with its class and reason.
-pub fn shed_error(upstream: &str, p: &Priorities, shed: Shed) -> ProxyError {
+/// The answer to a shed request, logged with its class and reason, and
+/// noted in its access-log line.
+fn shed_error(upstream: &str, p: &Priorities, shed: Shed, cx: &mut Ctx<'_>) -> ProxyError {
     let class = p
         .names
         .get(shed.class as usize)
         .cloned()
         .unwrap_or_else(|| Arc::from("default"));
-    tracing::info!(upstream, class = %class, reason = shed.reason.name(), "request shed: the upstream is overloaded");
+    let reason = shed.reason;
+    tracing::info!(upstream, class = %class, %reason, "request shed: the upstream is overloaded");
+    cx.end.set_rate_limit(|| format!("shed:{class}:{reason}"));
     ProxyError::Shed {
         upstream: upstream.to_owned(),
         class,
-        reason: shed.reason.name(),
+        reason,
         retry_after: 1,
     }
 }

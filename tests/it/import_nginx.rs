@@ -72,6 +72,18 @@ fn import(case: &str) -> Imported {
             std::fs::copy(key, dir.path().join(format!("certs/{file}.key"))).unwrap();
         }
     }
+    imported(dir)
+}
+
+/// `nginx.conf` with `text` in a temp dir, imported.
+fn import_text(text: &str) -> Imported {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("nginx.conf"), text).unwrap();
+    imported(dir)
+}
+
+/// The `nginx.conf` in `dir`, imported.
+fn imported(dir: tempfile::TempDir) -> Imported {
     let out = import_in(dir.path());
     let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap_or_default();
     Imported {
@@ -185,9 +197,7 @@ fn imported_upstream_names_stay_strings_to_yaml_1_1_readers() {
         has_yaml,
         "PyYAML is needed: apt-get install -y python3-yaml (scripts/test installs it)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("nginx.conf"),
+    let got = import_text(
         "events {}
 http {
     upstream on { server 127.0.0.1:9001; }
@@ -200,16 +210,9 @@ http {
     }
 }
 ",
-    )
-    .unwrap();
-    let out = import_in(dir.path());
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let mut files = vec![dir.path().join("tollgate.yaml")];
+    assert_eq!(got.code, 0, "{}", got.stderr);
+    let mut files = vec![got.dir.path().join("tollgate.yaml")];
     for (case, _) in CASES {
         files.push(corpus(case).join("expected.yaml"));
     }
@@ -236,7 +239,7 @@ if bad:
             file.display(),
             String::from_utf8_lossy(&read.stderr)
         );
-        if file.starts_with(dir.path()) {
+        if file.starts_with(got.dir.path()) {
             let names = String::from_utf8_lossy(&read.stdout);
             assert_eq!(
                 names.trim(),
@@ -254,9 +257,7 @@ if bad:
 /// request: each is named with its line, and the import exits 2.
 #[test]
 fn upstream_rules_that_cannot_be_kept_are_named_and_exit_2() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("nginx.conf"),
+    let got = import_text(
         "events {}
 http {
     upstream app {
@@ -272,11 +273,9 @@ http {
     }
 }
 ",
-    )
-    .unwrap();
-    let out = import_in(dir.path());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    );
+    let stderr = &got.stderr;
+    assert_eq!(got.code, 2, "{stderr}");
     for want in [
         "nginx.conf:4: NOT EQUIVALENT: upstream app: hash key \"$upstream_addr\": $upstream_addr is not a variable",
         "nginx.conf:6: NOT EQUIVALENT: upstream app: drain: not translated",
@@ -286,8 +285,7 @@ http {
         assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
     }
     // What could be kept is kept.
-    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
-    assert!(yaml.contains("- http_502"), "{yaml}");
+    assert!(got.yaml.contains("- http_502"), "{}", got.yaml);
 }
 
 /// `server name resolve` (nginx 1.27.3+) with the http level's
@@ -295,9 +293,7 @@ http {
 /// resolves, and its upstream's resolver; the config checks.
 #[test]
 fn resolved_servers_and_their_resolver_are_imported() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("nginx.conf"),
+    let got = import_text(
         "events {}
 http {
     resolver 10.0.0.2:5353 10.0.0.3 valid=30s;
@@ -313,13 +309,10 @@ http {
     }
 }
 ",
-    )
-    .unwrap();
-    let out = import_in(dir.path());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    );
+    let (stderr, yaml) = (&got.stderr, &got.yaml);
+    assert_eq!(got.code, 0, "{stderr}");
     assert!(stderr.contains("resolver: 10.0.0.3 left out"), "{stderr}");
-    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
     for want in [
         "address: backend.internal:8080",
         "resolve: true",
@@ -331,7 +324,7 @@ http {
     }
     let check = Command::new(BIN)
         .args(["check", "--config", "tollgate.yaml"])
-        .current_dir(dir.path())
+        .current_dir(got.dir.path())
         .output()
         .unwrap();
     assert!(
@@ -343,9 +336,7 @@ http {
 
 #[test]
 fn nginx_plus_queue_becomes_the_upstreams_queue() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("nginx.conf"),
+    let got = import_text(
         "events {}
 http {
     upstream api {
@@ -360,17 +351,10 @@ http {
     }
 }
 ",
-    )
-    .unwrap();
-    let out = import_in(dir.path());
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let yaml = std::fs::read_to_string(dir.path().join("tollgate.yaml")).unwrap();
-    let config = tollgate::Config::from_yaml(&yaml, &|_| None);
+    assert_eq!(got.code, 0, "{}", got.stderr);
+    let yaml = &got.yaml;
+    let config = tollgate::Config::from_yaml(yaml, &|_| None);
     let config = match config {
         Ok(c) => c,
         Err(e) => panic!("{e}\n{yaml}"),

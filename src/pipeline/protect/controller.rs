@@ -130,7 +130,6 @@ impl Controller {
         let sum = self.sum_us.swap(0, Ordering::Relaxed);
         let peak = self.peak.swap(in_flight, Ordering::Relaxed);
         let probe_due = st.next_probe.is_some_and(|at| now >= at);
-        let min = f64::from(cfg.min);
         st.estimate = match &mut st.phase {
             Phase::Probing {
                 measuring,
@@ -182,7 +181,6 @@ impl Controller {
             Phase::Probing { .. } => cfg.min,
             Phase::Running => (st.estimate.round() as u32).clamp(cfg.min, cfg.max),
         };
-        debug_assert!(st.estimate >= min);
         Self::record(st, unix_s, new);
         drop(guard);
         gate.limit.store(new, Ordering::Relaxed);

@@ -494,13 +494,14 @@ impl Upstream {
         }
     }
 
-    /// A request shed while every target was at its `max_conns` (named by
-    /// the protect stage, which knows the classes).
+    /// A request shed while every target was at its `max_conns`: its
+    /// class is named by the protect stage, which knows the classes
+    /// (`protect::named`).
     fn shed(&self, shed: crate::pipeline::protect::Shed) -> ProxyError {
         ProxyError::Shed {
             upstream: self.name.to_string(),
             class: Arc::from(""),
-            reason: shed.reason.name(),
+            reason: shed.reason,
             retry_after: 1,
         }
     }

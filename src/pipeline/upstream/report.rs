@@ -13,10 +13,7 @@ impl Upstream {
         let unix_ms = self.clock.unix_ms();
         UpstreamReport {
             name: self.name.clone(),
-            protect: self
-                .gate
-                .as_ref()
-                .map(|g| g.report(crate::config::MAX_CLASSES)),
+            protect: self.gate.as_ref().map(|g| g.report()),
             all_failing_checks: self
                 .checks
                 .then(|| self.sent_all_failing.load(Ordering::Relaxed)),
