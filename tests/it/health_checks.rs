@@ -72,6 +72,22 @@ async fn checked_on(name: &'static str, h2_only: bool) -> Checked {
     }
 }
 
+/// A proxy forwarding every path to upstream `api`, whose settings are
+/// `api` (YAML lines under it), over `protocol`.
+async fn checking(api: &str, protocol: &str) -> TestProxy {
+    TestProxy::spawn(&format!(
+        "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: 'tollgate-test-token' }}
+log: {{ access_log: false }}
+upstreams:
+  api:
+    protocol: {protocol}
+{api}routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
+"
+    ))
+    .await
+}
+
 async fn both_serve(addr: SocketAddr) -> bool {
     let seen = sequence(addr, 4).await;
     count(&seen, "a") == 2 && count(&seen, "b") == 2
@@ -79,20 +95,20 @@ async fn both_serve(addr: SocketAddr) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_target_failing_its_checks_takes_no_requests_unless_all_do() {
+    for protocol in ["http1", "h2"] {
+        failing_targets_take_no_requests_unless_all_do(protocol).await;
+    }
+}
+
+async fn failing_targets_take_no_requests_unless_all_do(protocol: &str) {
     let (a, b) = (checked("a").await, checked("b").await);
-    let proxy = TestProxy::spawn(&format!(
-        "listeners: [{{ bind: '127.0.0.1:0' }}]
-admin: {{ bind: '127.0.0.1:0', token: 'tollgate-test-token' }}
-log: {{ access_log: false }}
-upstreams:
-  api:
-    targets: ['{}', '{}']
+    let api = format!(
+        "    targets: ['{}', '{}']
     health_check: {{ path: /health, interval: 100ms, timeout: 500ms, fails: 2, passes: 2 }}
-routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 ",
         a.addr, b.addr
-    ))
-    .await;
+    );
+    let proxy = checking(&api, protocol).await;
     let addr = proxy.addr();
     assert!(both_serve(addr).await);
     // One checker per target per process, whatever the workers: about
@@ -163,20 +179,20 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 /// taking its full share of the traffic at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_target_coming_back_ramps_up_over_its_slow_start() {
+    for protocol in ["http1", "h2"] {
+        ramps_up_over_its_slow_start(protocol).await;
+    }
+}
+
+async fn ramps_up_over_its_slow_start(protocol: &str) {
     let (a, b) = (checked("a").await, checked("b").await);
-    let proxy = TestProxy::spawn(&format!(
-        "listeners: [{{ bind: '127.0.0.1:0' }}]
-admin: {{ enabled: false }}
-log: {{ access_log: false }}
-upstreams:
-  api:
-    targets: [{{ address: '{}', slow_start: 2s }}, '{}']
+    let api = format!(
+        "    targets: [{{ address: '{}', slow_start: 2s }}, '{}']
     health_check: {{ path: /health, interval: 50ms, timeout: 500ms }}
-routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 ",
         a.addr, b.addr
-    ))
-    .await;
+    );
+    let proxy = checking(&api, protocol).await;
     let addr = proxy.addr();
     let failing = |p: &TestProxy| p.pipeline.upstreams_report()[0].targets[0].check_failed;
     a.healthy.store(false, Ordering::SeqCst);
@@ -210,20 +226,13 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_http2_only_upstream_is_checked_over_http2() {
     let (a, b) = (checked_on("a", true).await, checked_on("b", true).await);
-    let proxy = TestProxy::spawn(&format!(
-        "listeners: [{{ bind: '127.0.0.1:0' }}]
-admin: {{ enabled: false }}
-log: {{ access_log: false }}
-upstreams:
-  api:
-    targets: ['{}', '{}']
-    protocol: h2
+    let api = format!(
+        "    targets: ['{}', '{}']
     health_check: {{ path: /health, interval: 100ms, timeout: 500ms, fails: 1, passes: 1 }}
-routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 ",
         a.addr, b.addr
-    ))
-    .await;
+    );
+    let proxy = checking(&api, "h2").await;
     // Checks that speak HTTP/1.1 to these targets fail on every one of
     // them, and then both take requests anyway: both serve here only if
     // the checks pass.

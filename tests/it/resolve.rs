@@ -58,7 +58,7 @@ async fn dns(answer: Answer) -> SocketAddr {
     addr
 }
 
-fn config(name: &str, port: u16, dns: SocketAddr) -> String {
+fn config(name: &str, port: u16, dns: SocketAddr, protocol: &str) -> String {
     format!(
         "listeners: [{{ bind: '127.0.0.1:0' }}]
 admin: {{ bind: '127.0.0.1:0', token: 'tollgate-test-token' }}
@@ -67,6 +67,7 @@ upstreams:
   api:
     targets: [{{ address: '{name}:{port}', resolve: true }}]
     resolver: {{ address: '{dns}', timeout: 1s }}
+    protocol: {protocol}
 routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 "
     )
@@ -74,6 +75,12 @@ routes: [{{ match: {{ path_prefix: / }}, upstream: api }}]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_address_of_a_name_is_a_target_and_follows_the_dns() {
+    for protocol in ["http1", "h2"] {
+        follows_the_dns(protocol).await;
+    }
+}
+
+async fn follows_the_dns(protocol: &str) {
     // Two backends on one port, at 127.0.0.1 and 127.0.0.2.
     let one = Named::spawn("one").await;
     let port = one.addr.port();
@@ -86,7 +93,7 @@ async fn every_address_of_a_name_is_a_target_and_follows_the_dns() {
     .await;
     let answer: Answer = Arc::new(Mutex::new(Some(vec![Ipv4Addr::new(127, 0, 0, 1)])));
     let server = dns(answer.clone()).await;
-    let proxy = TestProxy::spawn(&config("api.test", port, server)).await;
+    let proxy = TestProxy::spawn(&config("api.test", port, server, protocol)).await;
     // Resolved at start: the first request already has its target.
     assert_eq!(sequence(proxy.addr(), 4).await, ["one"; 4]);
 
@@ -147,10 +154,16 @@ async fn every_address_of_a_name_is_a_target_and_follows_the_dns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_that_does_not_resolve_at_start_is_an_empty_group_not_a_crash() {
+    for protocol in ["http1", "h2"] {
+        resolves_late(protocol).await;
+    }
+}
+
+async fn resolves_late(protocol: &str) {
     let answer: Answer = Arc::new(Mutex::new(Some(Vec::new())));
     let server = dns(answer.clone()).await;
     let live = Named::spawn("late").await;
-    let proxy = TestProxy::spawn(&config("missing.test", live.addr.port(), server)).await;
+    let proxy = TestProxy::spawn(&config("missing.test", live.addr.port(), server, protocol)).await;
     let mut c = h1(proxy.addr()).await;
     let got = send1(&mut c, request("GET", "/", empty())).await;
     assert_eq!(got.status, 502);

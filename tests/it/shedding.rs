@@ -144,9 +144,16 @@ async fn a_queue_holds_what_max_conns_would_refuse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_and_a_long_wait_answer_503_with_retry_after() {
+    for protocol in ["http1", "h2"] {
+        full_queue_and_long_wait(protocol).await;
+    }
+}
+
+async fn full_queue_and_long_wait(protocol: &str) {
     let backend = Workers::spawn(8, Duration::from_millis(1500)).await;
     let target = format!("{{ address: '{}', max_conns: 1 }}", backend.addr);
-    let p = proxy("", &target, "queue: { size: 1, timeout: 300ms }", "").await;
+    let extra = format!("protocol: {protocol}, queue: {{ size: 1, timeout: 300ms }}");
+    let p = proxy("", &target, &extra, "").await;
     let addr = p.addr();
     let first = tokio::spawn(async move { get(addr, "/hold").await });
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -191,10 +198,17 @@ priorities:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn higher_classes_go_first_and_the_lowest_makes_room() {
+    for protocol in ["http1", "h2"] {
+        classes_in_order(protocol).await;
+    }
+}
+
+async fn classes_in_order(protocol: &str) {
     let backend = Workers::spawn(8, Duration::from_millis(400)).await;
     let target = format!("{{ address: '{}', max_conns: 1 }}", backend.addr);
     let routes = "  - { match: { path_prefix: /bulk }, upstream: api, priority: bulk }";
-    let p = proxy(CLASSES, &target, "queue: { size: 2, timeout: 5s }", routes).await;
+    let extra = format!("protocol: {protocol}, queue: {{ size: 2, timeout: 5s }}");
+    let p = proxy(CLASSES, &target, &extra, routes).await;
     let addr = p.addr();
     let mut running = JoinSet::new();
     let mut send = |path: &'static str| {
@@ -232,12 +246,18 @@ async fn higher_classes_go_first_and_the_lowest_makes_room() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_limit_the_never_shed_class_still_passes() {
+    for protocol in ["http1", "h2"] {
+        never_shed_passes(protocol).await;
+    }
+}
+
+async fn never_shed_passes(protocol: &str) {
     let backend = Workers::spawn(8, Duration::from_millis(1500)).await;
     let target = format!("'{}'", backend.addr);
     let routes = "  - { match: { path: /healthz }, upstream: api, priority: critical }";
     // A limit pinned at one request.
-    let extra = "concurrency: { min: 1, max: 1 }";
-    let p = proxy(CLASSES, &target, extra, routes).await;
+    let extra = format!("protocol: {protocol}, concurrency: {{ min: 1, max: 1 }}");
+    let p = proxy(CLASSES, &target, &extra, routes).await;
     let addr = p.addr();
     let first = tokio::spawn(async move { get(addr, "/hold").await });
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -379,12 +399,19 @@ fn the_readme_sample_is_a_valid_config() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paid_plan_can_be_a_class_that_is_never_shed() {
+    for protocol in ["http1", "h2"] {
+        paid_plan_never_shed(protocol).await;
+    }
+}
+
+async fn paid_plan_never_shed(protocol: &str) {
     let backend = Workers::spawn(8, Duration::from_millis(1500)).await;
     let target = format!("'{}'", backend.addr);
     let top = "client_ip: { trusted_proxies: ['127.0.0.2/32'] }
 identity: { plans: { names: [free, pro], header: x-plan, default: free } }
 priorities: { classes: [paid, standard], never_shed: [paid], plans: { pro: paid } }";
-    let p = proxy(top, &target, "concurrency: { min: 1, max: 1 }", "").await;
+    let extra = format!("protocol: {protocol}, concurrency: {{ min: 1, max: 1 }}");
+    let p = proxy(top, &target, &extra, "").await;
     let addr = p.addr();
     let first = tokio::spawn(async move { get_from("127.0.0.2", addr, "/hold", &[]).await });
     tokio::time::sleep(Duration::from_millis(150)).await;
