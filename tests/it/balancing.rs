@@ -29,7 +29,11 @@ impl Named {
 
     /// Answers `status` with its name, after `delay`, on `at`.
     pub async fn serve(name: &'static str, at: SocketAddr, status: u16, delay: Duration) -> Named {
-        let listener = TcpListener::bind(at).await.unwrap();
+        Named::on(name, TcpListener::bind(at).await.unwrap(), status, delay)
+    }
+
+    /// Answers `status` with its name, after `delay`, on a bound listener.
+    pub fn on(name: &'static str, listener: TcpListener, status: u16, delay: Duration) -> Named {
         let addr = listener.local_addr().unwrap();
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {

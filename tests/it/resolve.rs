@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{rdata::A, RData, Record, RecordType};
-use tokio::net::UdpSocket;
+use tokio::net::{TcpListener, UdpSocket};
 
 use crate::balancing::{count, sequence, Named};
 use crate::common::*;
@@ -58,6 +58,23 @@ async fn dns(answer: Answer) -> SocketAddr {
     addr
 }
 
+/// Two backends on one port, at 127.0.0.1 and 127.0.0.2. The port is
+/// picked on 127.0.0.1; where another test's connection from 127.0.0.2
+/// already holds it there, another is picked.
+async fn one_port_two_addresses() -> (Named, Named) {
+    for _ in 0..50 {
+        let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        if let Ok(second) = TcpListener::bind(SocketAddr::from(([127, 0, 0, 2], port))).await {
+            return (
+                Named::on("one", first, 200, Duration::ZERO),
+                Named::on("two", second, 200, Duration::ZERO),
+            );
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and 127.0.0.2 in 50 tries");
+}
+
 fn config(name: &str, port: u16, dns: SocketAddr, protocol: &str) -> String {
     format!(
         "listeners: [{{ bind: '127.0.0.1:0' }}]
@@ -81,16 +98,8 @@ async fn every_address_of_a_name_is_a_target_and_follows_the_dns() {
 }
 
 async fn follows_the_dns(protocol: &str) {
-    // Two backends on one port, at 127.0.0.1 and 127.0.0.2.
-    let one = Named::spawn("one").await;
+    let (one, two) = one_port_two_addresses().await;
     let port = one.addr.port();
-    let two = Named::serve(
-        "two",
-        SocketAddr::from(([127, 0, 0, 2], port)),
-        200,
-        Duration::ZERO,
-    )
-    .await;
     let answer: Answer = Arc::new(Mutex::new(Some(vec![Ipv4Addr::new(127, 0, 0, 1)])));
     let server = dns(answer.clone()).await;
     let proxy = TestProxy::spawn(&config("api.test", port, server, protocol)).await;
