@@ -6,6 +6,7 @@ mod common;
 
 mod admin;
 mod balancing;
+mod chart;
 mod cli;
 mod client_ip;
 mod conformance;
