@@ -3,7 +3,9 @@
 //! contrib files, with maintainer scripts that make the system user; the
 //! unit passes `systemd-analyze verify`, is hardened (its offline security
 //! exposure rated OK) and reloads by SIGHUP; the config the package ships
-//! passes `tollgate check` with the packaged binary.
+//! passes `tollgate check` with the packaged binary. The binary also runs
+//! as the Helm chart's pod does (non-root, read-only root, no
+//! capabilities), and the image, where Docker runs, as its user.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -293,6 +295,22 @@ async fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
         "docker",
     ));
     assert!(checked.contains("is valid"), "{checked}");
+    // The image's user is the chart's: not root, uid 10001.
+    let user = text(&run(
+        "docker",
+        &["run", "--rm", "--entrypoint", "id", &tag, "-u"],
+        "docker",
+    ));
+    assert_eq!(user.trim(), "10001");
+    let size = text(&run(
+        "docker",
+        &["image", "inspect", "-f", "{{.Size}}", &tag],
+        "docker",
+    ));
+    eprintln!(
+        "image size: {} MB",
+        size.trim().parse::<u64>().unwrap() / 1_000_000
+    );
     let config = dir.path().join("c.yaml");
     std::fs::write(
         &config,
@@ -308,7 +326,25 @@ async fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
     let publish = format!("127.0.0.1:{port}:8080");
     let id = text(&run(
         "docker",
-        &["run", "-d", "--rm", "-v", &mount, "-p", &publish, &tag],
+        // As the chart runs it: read-only root, /tmp the only writable
+        // path, no capabilities, no privilege escalation.
+        &[
+            "run",
+            "-d",
+            "--rm",
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "-v",
+            &mount,
+            "-p",
+            &publish,
+            &tag,
+        ],
         "docker",
     ));
     let id = id.trim().to_owned();
@@ -339,4 +375,96 @@ async fn the_image_built_from_a_fresh_clone_answers_check_and_a_request() {
         answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
         "{answer}"
     );
+}
+
+/// The binary as the chart's pod runs it (item 5 of the Kubernetes work),
+/// without Docker: in a mount namespace where every file system is
+/// read-only but a fresh tmpfs on /tmp, as the image's user (uid 10001)
+/// with no capabilities and no_new_privs. It serves, reloads its config
+/// under `--watch` when the file changes, and stops cleanly on SIGTERM.
+#[tokio::test]
+async fn the_binary_runs_as_the_charts_pod_non_root_on_a_read_only_root() {
+    use std::os::unix::fs::PermissionsExt;
+    // Outside /tmp (hidden by the sandbox's tmpfs), readable by uid 10001.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = |body: &str| {
+        format!(
+            "listeners: [{{ name: plain, bind: '127.0.0.1:0' }}]
+admin: {{ bind: '127.0.0.1:0', token: ['${{TOLLGATE_ADMIN_TOKEN}}'] }}
+log: {{ format: json, access_log: false }}
+zones: [{{ name: per_ip, rate: 1r/m, burst: 5, nodelay: true }}]
+routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: {body} }} }}]
+"
+        )
+    };
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, config("before")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let script = format!(
+        "set -e
+awk '{{print $2}}' /proc/self/mounts | grep -Ev '^/(proc|sys|dev)(/|$)' | while read -r m; do
+    mount -o remount,bind,ro \"$m\" 2>/dev/null || true
+done
+mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
+exec setpriv --reuid=10001 --regid=10001 --clear-groups --inh-caps=-all --bounding-set=-all \\
+    --no-new-privs sh -c 'if touch {dir}/probe 2>/dev/null; then echo writable >&2; exit 97; fi
+    exec {BIN} run --config {path} --watch'",
+        dir = dir.path().display(),
+        path = path.display(),
+    );
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env("TOLLGATE_ADMIN_TOKEN", "a-token-of-sixteen-plus");
+    let running = crate::common::process::Running::spawn(command, dir);
+
+    // It is the image's user, with no capability left.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", running.child.id())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(field("Uid:"), ["10001"; 4], "{status}");
+    assert_eq!(field("CapEff:"), ["0000000000000000"]);
+    assert_eq!(field("NoNewPrivs:"), ["1"]);
+
+    let get = |addr| async move {
+        let mut c = crate::common::h1(addr).await;
+        let req = http::Request::get("/")
+            .header("host", "sandbox")
+            .body(crate::common::empty())
+            .unwrap();
+        crate::common::send1(&mut c, req).await
+    };
+    assert_eq!(&get(running.addr).await.body[..], b"before");
+    let mut passed = 1;
+    while get(running.addr).await.status == 200 {
+        passed += 1;
+        assert!(passed < 10, "the zone never refused");
+    }
+    // The file changes (as the kubelet's swap would, from outside): one
+    // reload, the zone's counter kept (its burst is spent: 429).
+    std::fs::write(running.config_path(), config("after")).unwrap();
+    let reloaded = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !running
+            .metrics()
+            .await
+            .contains("tollgate_config_reloads_total{result=\"ok\"} 1")
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(reloaded.is_ok(), "{}", running.metrics().await);
+    assert_eq!(get(running.addr).await.status, 429);
+
+    let mut running = running;
+    running.signal("-TERM");
+    let exit = running.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
 }

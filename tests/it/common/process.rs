@@ -39,9 +39,15 @@ impl Running {
 
     /// `tollgate run --config <path> <more>`, `path` inside `dir`.
     pub fn run_in(dir: tempfile::TempDir, path: &str, more: &[&str]) -> Running {
-        let mut child = Command::new(BIN)
-            .args(["run", "--config", path])
-            .args(more)
+        let mut command = Command::new(BIN);
+        command.args(["run", "--config", path]).args(more);
+        Self::spawn(command, dir)
+    }
+
+    /// `command`, which runs tollgate with JSON logs (in a sandbox, say),
+    /// the process tollgate itself once it has exec'd.
+    pub fn spawn(mut command: Command, dir: tempfile::TempDir) -> Running {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
