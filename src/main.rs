@@ -1,6 +1,9 @@
 //! The `tollgate` binary: parse arguments, load the config, bind, run.
 //! Everything else lives in the library.
 
+#[path = "main/imports.rs"]
+mod imports;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -126,6 +129,25 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Translate Kubernetes Ingress objects with ingress-nginx annotations
+    /// (files of manifests, several documents or a `kind: List` each; stdin
+    /// without files or with -) into Helm values for deploy/helm/tollgate:
+    /// routes, upstreams by the Services' DNS names, the rate limits as
+    /// ingress-nginx applies them, the TLS Secrets. Every annotation not
+    /// translated goes to stderr with its object. Exit 0, 2 (something that
+    /// changes limiting, access or routing was not translated; the values
+    /// are still written) or 1 (the manifests could not be read).
+    ImportIngress {
+        files: Vec<PathBuf>,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Ingresses of another class are skipped (none set: imported).
+        #[arg(long, default_value = "nginx")]
+        ingress_class: String,
+        /// The cluster's DNS domain: targets are <service>.<namespace>.svc.<domain>.
+        #[arg(long, default_value = "cluster.local")]
+        cluster_domain: String,
+    },
     /// What a config would have done to the traffic of access logs (nginx
     /// `combined` or tollgate's JSON): replayed in time order through its
     /// routes, zones and limits on a virtual clock, on the memory store,
@@ -179,7 +201,22 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config, connect } => check(&config, connect),
         Command::Reload { admin } => reload(&admin),
-        Command::ImportNginx { nginx_conf, output } => import_nginx(&nginx_conf, output.as_deref()),
+        Command::ImportNginx { nginx_conf, output } => {
+            imports::import_nginx(&nginx_conf, output.as_deref())
+        }
+        Command::ImportIngress {
+            files,
+            output,
+            ingress_class,
+            cluster_domain,
+        } => imports::import_ingress(
+            &files,
+            output.as_deref(),
+            &tollgate::import::IngressOptions {
+                class: ingress_class,
+                cluster_domain,
+            },
+        ),
         Command::Replay {
             config,
             against,
@@ -238,47 +275,6 @@ fn check(path: &Path, connect: bool) -> ExitCode {
         }
         Err(code) => code,
     }
-}
-
-fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
-    use tollgate::import::Severity;
-    let imported = match tollgate::import::import(conf) {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("tollgate: cannot read {}: {e}", conf.display());
-            return ExitCode::FAILURE;
-        }
-    };
-    for n in &imported.notes {
-        let what = match n.severity {
-            Severity::Skipped => "not translated",
-            Severity::Lost => "NOT EQUIVALENT",
-        };
-        eprintln!("{}: {what}: {}", n.at, n.message);
-    }
-    let written = match output {
-        Some(path) => std::fs::write(path, &imported.yaml)
-            .with_context(|| format!("cannot write {}", path.display())),
-        None => {
-            use std::io::Write;
-            std::io::stdout()
-                .write_all(imported.yaml.as_bytes())
-                .context("cannot write the YAML")
-        }
-    };
-    if let Err(e) = written {
-        eprintln!("tollgate: {e:#}");
-        return ExitCode::FAILURE;
-    }
-    if let Err(e) = Config::from_yaml(&imported.yaml, &|name| std::env::var(name).ok()) {
-        eprintln!("tollgate: the written config does not pass `tollgate check` here: {e}");
-        return ExitCode::FAILURE;
-    }
-    if imported.lost() {
-        eprintln!("tollgate: some of the nginx config was not translated (NOT EQUIVALENT above); review the YAML");
-        return ExitCode::from(2);
-    }
-    ExitCode::SUCCESS
 }
 
 fn replay(

@@ -166,7 +166,12 @@ fn secret_env(container: &Value, name: &str) -> (String, String) {
 fn check(config: &str, env: &[(&str, &str)]) -> (bool, String) {
     let ca = TestCa::new();
     let mut text = config.to_owned();
-    for name in ["api-tls", "www-tls"] {
+    let secrets: std::collections::BTreeSet<&str> = config
+        .split("/etc/tollgate/tls/")
+        .skip(1)
+        .filter_map(|rest| rest.split('/').next())
+        .collect();
+    for name in secrets {
         let (cert, key) = ca.leaf(name, &[&format!("{name}.example.com")]);
         text = text
             .replace(&format!("/etc/tollgate/tls/{name}/tls.crt"), &cert)
@@ -540,4 +545,44 @@ fn the_charts_readme_names_every_value() {
         );
     }
     assert!(missing.is_empty(), "README.md does not name {missing:?}");
+}
+
+/// The migration's last step: the values `tollgate import-ingress` writes
+/// install with the chart, and the config the pods get passes
+/// `tollgate check`, the TLS Secrets mounted where it reads them.
+#[test]
+fn values_from_import_ingress_render_with_the_chart() {
+    for case in ["tls", "rps-and-rpm", "kubectl-list"] {
+        let manifests = Path::new(ROOT)
+            .join("tests/ingress")
+            .join(case)
+            .join("ingress.yaml");
+        let out = Command::new(BIN)
+            .arg("import-ingress")
+            .arg(&manifests)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{case}");
+        let values: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+        let values: Value = serde_json::to_value(values).unwrap();
+        let r = render(values.clone()).unwrap();
+        let (text, config) = r.config();
+        assert_eq!(
+            config["routes"],
+            serde_yaml::to_value(&values["config"]["routes"]).unwrap()
+        );
+        let token = r.secret("edge-tollgate-admin", "token");
+        let (ok, out) = check(&text, &[("TOLLGATE_ADMIN_TOKEN", &token)]);
+        assert!(ok, "{case}: tollgate check refused:\n{out}\n{text}");
+        let mounts = container(r.get("Deployment", "edge-tollgate"))["volumeMounts"].clone();
+        for secret in values["tls"]["secrets"].as_array().into_iter().flatten() {
+            let at = format!("/etc/tollgate/tls/{}", secret.as_str().unwrap());
+            assert!(text.contains(&format!("{at}/tls.crt")), "{case}: {text}");
+            assert!(mounts
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == at.as_str()));
+        }
+    }
 }

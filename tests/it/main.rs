@@ -20,6 +20,7 @@ mod grpc_pass;
 mod h1_server;
 mod h2_abuse;
 mod health_checks;
+mod import_ingress;
 mod import_nginx;
 mod layering;
 mod leases;

@@ -201,11 +201,11 @@ fn copy_rewritten(from: &Path, to: &Path, port: u16, echo: SocketAddr) {
 
 /// One client's request: from which loopback address, with which headers.
 #[derive(Clone)]
-struct Req {
-    from: &'static str,
-    path: &'static str,
-    host: &'static str,
-    headers: Vec<(&'static str, String)>,
+pub(crate) struct Req {
+    pub from: &'static str,
+    pub path: &'static str,
+    pub host: &'static str,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 /// What a proxy answered, as the comparison sees it.
@@ -216,7 +216,7 @@ struct Verdict {
 }
 
 /// TLS client settings, for an HTTPS case.
-type Tls = Option<std::sync::Arc<rustls::ClientConfig>>;
+pub(crate) type Tls = Option<std::sync::Arc<rustls::ClientConfig>>;
 
 async fn send(addr: SocketAddr, r: &Req, tls: &Tls) -> Verdict {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -248,7 +248,7 @@ async fn send(addr: SocketAddr, r: &Req, tls: &Tls) -> Verdict {
 }
 
 /// A step of a trace, at `at` ms after the start.
-enum Step {
+pub(crate) enum Step {
     /// `n` copies of a request, all at once (each on its own connection):
     /// compared as a multiset, their order being arbitrary.
     Burst { at: u64, n: usize, req: Req },
@@ -261,7 +261,7 @@ enum Step {
     },
 }
 
-fn req(from: &'static str, path: &'static str, host: &'static str) -> Req {
+pub(crate) fn req(from: &'static str, path: &'static str, host: &'static str) -> Req {
     Req {
         from,
         path,
@@ -271,7 +271,13 @@ fn req(from: &'static str, path: &'static str, host: &'static str) -> Req {
 }
 
 /// Replays `trace` into both proxies at once and compares every step.
-async fn replay(case: &str, nginx: SocketAddr, tollgate: SocketAddr, trace: Vec<Step>, tls: &Tls) {
+pub(crate) async fn replay(
+    case: &str,
+    nginx: SocketAddr,
+    tollgate: SocketAddr,
+    trace: Vec<Step>,
+    tls: &Tls,
+) {
     let t0 = Instant::now();
     let mut compared = 0;
     for (i, step) in trace.into_iter().enumerate() {

@@ -16,6 +16,8 @@ mod route;
 mod server;
 mod upstream;
 
+pub(crate) use render::{without_nulls, yaml_safe};
+
 use std::collections::BTreeMap;
 
 use super::reader::{Directive, Place};

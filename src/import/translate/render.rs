@@ -221,7 +221,7 @@ fn upstreams(out: &Out) -> Vec<(String, String, RawUpstream)> {
 /// (PyYAML, Ansible, Go's yaml.v2 in many Helm tools) would read as a
 /// number, a boolean or null unquoted (`127_0_0_1_9000`, `on`, `1e3`)
 /// gets `upstream_` in front, so every reader keeps a string.
-pub(super) fn yaml_safe(name: &str) -> String {
+pub(crate) fn yaml_safe(name: &str) -> String {
     const WORDS: [&str; 14] = [
         "y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", "", ".inf", ".nan",
         "-.inf",
@@ -316,7 +316,7 @@ fn write(config: &RawConfig, above: &Above, before: &Before) -> String {
     y
 }
 
-fn without_nulls(v: Value) -> Value {
+pub(crate) fn without_nulls(v: Value) -> Value {
     match v {
         Value::Mapping(m) => Value::Mapping(
             m.into_iter()
