@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use tollgate::import::Severity;
 use tollgate::Config;
 
 pub fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
-    use tollgate::import::Severity;
     let imported = match tollgate::import::import(conf) {
         Ok(i) => i,
         Err(e) => {
@@ -17,24 +17,43 @@ pub fn import_nginx(conf: &Path, output: Option<&Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    for n in &imported.notes {
-        let what = match n.severity {
+    let notes = imported
+        .notes
+        .iter()
+        .map(|n| (n.at.to_string(), n.severity, n.message.as_str()));
+    let lost = imported.lost().then_some("the nginx config");
+    finish(notes, output, &imported.yaml, &imported.yaml, lost)
+}
+
+/// Prints each note, writes `yaml`, checks `config` as `tollgate check`
+/// would, and gives the exit code: 2 when `lost` names what was not all
+/// translated.
+fn finish<'a>(
+    notes: impl Iterator<Item = (String, Severity, &'a str)>,
+    output: Option<&Path>,
+    yaml: &str,
+    config: &str,
+    lost: Option<&str>,
+) -> ExitCode {
+    for (at, severity, message) in notes {
+        let what = match severity {
             Severity::Skipped => "not translated",
             Severity::Lost => "NOT EQUIVALENT",
         };
-        eprintln!("{}: {what}: {}", n.at, n.message);
+        eprintln!("{at}: {what}: {message}");
     }
-    let written = write_out(output, &imported.yaml);
-    if let Err(e) = written {
+    if let Err(e) = write_out(output, yaml) {
         eprintln!("tollgate: {e:#}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = Config::from_yaml(&imported.yaml, &|name| std::env::var(name).ok()) {
+    if let Err(e) = Config::from_yaml(config, &|name| std::env::var(name).ok()) {
         eprintln!("tollgate: the written config does not pass `tollgate check` here: {e}");
         return ExitCode::FAILURE;
     }
-    if imported.lost() {
-        eprintln!("tollgate: some of the nginx config was not translated (NOT EQUIVALENT above); review the YAML");
+    if let Some(what) = lost {
+        eprintln!(
+            "tollgate: some of {what} was not translated (NOT EQUIVALENT above); review the YAML"
+        );
         return ExitCode::from(2);
     }
     ExitCode::SUCCESS
@@ -83,31 +102,17 @@ pub fn import_ingress(
             return ExitCode::FAILURE;
         }
     };
-    for n in &imported.notes {
-        let what = match n.severity {
-            tollgate::import::Severity::Skipped => "not translated",
-            tollgate::import::Severity::Lost => "NOT EQUIVALENT",
-        };
-        eprintln!("{}: {what}: {}", n.at, n.message);
-    }
-    if let Err(e) = write_out(output, &imported.yaml) {
-        eprintln!("tollgate: {e:#}");
-        return ExitCode::FAILURE;
-    }
     // The chart adds listeners; the rest must pass `tollgate check` as is.
     let mut config = imported.config.clone();
     if let serde_yaml::Value::Mapping(map) = &mut config {
         let listener = serde_yaml::from_str("[{ bind: '127.0.0.1:0' }]").unwrap_or_default();
         map.insert("listeners".into(), listener);
     }
-    let yaml = serde_yaml::to_string(&config).unwrap_or_default();
-    if let Err(e) = Config::from_yaml(&yaml, &|name| std::env::var(name).ok()) {
-        eprintln!("tollgate: the written config does not pass `tollgate check` here: {e}");
-        return ExitCode::FAILURE;
-    }
-    if imported.lost() {
-        eprintln!("tollgate: some of the Ingresses were not translated (NOT EQUIVALENT above); review the values");
-        return ExitCode::from(2);
-    }
-    ExitCode::SUCCESS
+    let config = serde_yaml::to_string(&config).unwrap_or_default();
+    let notes = imported
+        .notes
+        .iter()
+        .map(|n| (n.at.clone(), n.severity, n.message.as_str()));
+    let lost = imported.lost().then_some("the Ingresses");
+    finish(notes, output, &imported.yaml, &config, lost)
 }

@@ -290,6 +290,15 @@ async fn nginx_on(http: &str, echo: std::net::SocketAddr) -> (Nginx, std::net::S
     launch(dir, port).await
 }
 
+/// `n` requests at once at `at` ms, from `from`.
+fn burst(at: u64, n: usize, from: &'static str, path: &'static str, host: &'static str) -> Step {
+    Step::Burst {
+        at,
+        n,
+        req: req(from, path, host),
+    }
+}
+
 async fn differential(case: &str, http: &str, trace: Vec<Step>) {
     let echo = Upstream::spawn().await;
     let (_nginx, nginx) = nginx_on(http, echo.addr).await;
@@ -329,28 +338,12 @@ async fn limit_rps_decides_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 60,
-            req: req("127.0.0.80", "/items", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 10,
-            req: req("127.0.0.81", "/", "api.test"),
-        },
+        burst(0, 60, "127.0.0.80", "/items", "api.test"),
+        burst(0, 10, "127.0.0.81", "/", "api.test"),
         // 550 ms drains 5.5 requests: 5 pass.
-        Step::Burst {
-            at: 550,
-            n: 8,
-            req: req("127.0.0.80", "/items", "api.test"),
-        },
+        burst(550, 8, "127.0.0.80", "/items", "api.test"),
         // A host no Ingress names: 404, not counted (the address is spent).
-        Step::Burst {
-            at: 600,
-            n: 3,
-            req: req("127.0.0.80", "/items", "other.test"),
-        },
+        burst(600, 3, "127.0.0.80", "/items", "other.test"),
     ];
     differential("limit-rps", &http, trace).await;
 }
@@ -380,26 +373,10 @@ async fn limit_rpm_with_a_multiplier_decides_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 58,
-            req: req("127.0.0.82", "/search/q", "api.test"),
-        },
-        Step::Burst {
-            at: 100,
-            n: 5,
-            req: req("127.0.0.82", "/search", "api.test"),
-        },
-        Step::Burst {
-            at: 100,
-            n: 3,
-            req: req("127.0.0.82", "/searching", "api.test"),
-        },
-        Step::Burst {
-            at: 200,
-            n: 5,
-            req: req("127.0.0.83", "/search", "api.test"),
-        },
+        burst(0, 58, "127.0.0.82", "/search/q", "api.test"),
+        burst(100, 5, "127.0.0.82", "/search", "api.test"),
+        burst(100, 3, "127.0.0.82", "/searching", "api.test"),
+        burst(200, 5, "127.0.0.83", "/search", "api.test"),
     ];
     differential("limit-rpm", &http, trace).await;
 }
@@ -431,33 +408,13 @@ async fn two_limits_on_one_ingress_decide_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 10,
-            req: req("127.0.0.84", "/checkout/pay", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 30,
-            req: req("127.0.0.84", "/catalog", "api.test"),
-        },
+        burst(0, 10, "127.0.0.84", "/checkout/pay", "api.test"),
+        burst(0, 30, "127.0.0.84", "/catalog", "api.test"),
         // 1.1 s drains 5.5 from the rps zone; the rpm zone has room.
-        Step::Burst {
-            at: 1100,
-            n: 8,
-            req: req("127.0.0.84", "/checkout", "api.test"),
-        },
-        Step::Burst {
-            at: 2200,
-            n: 8,
-            req: req("127.0.0.84", "/checkout/pay", "api.test"),
-        },
+        burst(1100, 8, "127.0.0.84", "/checkout", "api.test"),
+        burst(2200, 8, "127.0.0.84", "/checkout/pay", "api.test"),
         // The rpm zone (21 at once, 1 every 3 s) is spent by now.
-        Step::Burst {
-            at: 3300,
-            n: 8,
-            req: req("127.0.0.84", "/checkout/pay", "api.test"),
-        },
+        burst(3300, 8, "127.0.0.84", "/checkout/pay", "api.test"),
     ];
     differential("rps-and-rpm", &http, trace).await;
 }
@@ -483,26 +440,10 @@ async fn limit_connections_decides_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 5,
-            req: req("127.0.0.85", "/slow?ms=600", "files.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 3,
-            req: req("127.0.0.86", "/slow?ms=600", "files.test"),
-        },
-        Step::Burst {
-            at: 1000,
-            n: 3,
-            req: req("127.0.0.85", "/slow?ms=300", "files.test"),
-        },
-        Step::Burst {
-            at: 1500,
-            n: 10,
-            req: req("127.0.0.85", "/slow?ms=300", "files.test"),
-        },
+        burst(0, 5, "127.0.0.85", "/slow?ms=600", "files.test"),
+        burst(0, 3, "127.0.0.86", "/slow?ms=600", "files.test"),
+        burst(1000, 3, "127.0.0.85", "/slow?ms=300", "files.test"),
+        burst(1500, 10, "127.0.0.85", "/slow?ms=300", "files.test"),
     ];
     differential("limit-connections", &http, trace).await;
 }
@@ -530,21 +471,9 @@ async fn the_limit_allowlist_decides_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 20,
-            req: req("127.0.0.50", "/", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 20,
-            req: req("127.0.1.7", "/", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 20,
-            req: req("127.0.0.87", "/", "api.test"),
-        },
+        burst(0, 20, "127.0.0.50", "/", "api.test"),
+        burst(0, 20, "127.0.1.7", "/", "api.test"),
+        burst(0, 20, "127.0.0.87", "/", "api.test"),
     ];
     differential("limit-allowlist", &http, trace).await;
 }
@@ -575,36 +504,12 @@ async fn a_source_range_decides_like_ingress_nginx() {
     }}"
     );
     let trace = vec![
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.0.1", "/admin", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.2.5", "/admin/users", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.0.88", "/admin", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.0.88", "/admin/users", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.0.88", "/administrator", "api.test"),
-        },
-        Step::Burst {
-            at: 0,
-            n: 4,
-            req: req("127.0.0.88", "/", "api.test"),
-        },
+        burst(0, 4, "127.0.0.1", "/admin", "api.test"),
+        burst(0, 4, "127.0.2.5", "/admin/users", "api.test"),
+        burst(0, 4, "127.0.0.88", "/admin", "api.test"),
+        burst(0, 4, "127.0.0.88", "/admin/users", "api.test"),
+        burst(0, 4, "127.0.0.88", "/administrator", "api.test"),
+        burst(0, 4, "127.0.0.88", "/", "api.test"),
     ];
     differential("source-range", &http, trace).await;
 }

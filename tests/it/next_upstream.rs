@@ -251,20 +251,20 @@ fn refused_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-/// The README's migration sample: its `upstream {}` block and
+/// The migration sample docs/upstreams.md shows: its `upstream {}` block and
 /// `proxy_next_upstream` import as the README shows, and the imported
 /// config runs: the primaries share the requests, a primary answering
 /// 502 is routed around, the backup serves only once both are down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_upstream_block_imports_as_shown_and_runs() {
+async fn the_documented_upstream_block_imports_as_shown_and_runs() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let block = readme
+    let doc = std::fs::read_to_string(root.join("docs/upstreams.md")).unwrap();
+    let block = doc
         .split("<!-- upstream-sample")
         .nth(1)
         .and_then(|rest| rest.split("```text\n").nth(1))
         .and_then(|rest| rest.split("```").next())
-        .expect("the README's upstream-sample block");
+        .expect("docs/upstreams.md's upstream-sample block");
     let dir = tempfile::tempdir().unwrap();
     let yaml_path = dir.path().join("tollgate.yaml");
     let import = std::process::Command::new(BIN)
@@ -286,7 +286,10 @@ async fn the_readmes_upstream_block_imports_as_shown_and_runs() {
         .chain(["routes:"])
         .collect();
     let shown: Vec<&str> = block.lines().skip(1).collect();
-    assert_eq!(section, shown, "README.md's upstream block is stale");
+    assert_eq!(
+        section, shown,
+        "docs/upstreams.md's upstream block is stale"
+    );
 
     let (mut a, mut b) = (Named::spawn("a").await, Named::spawn("b").await);
     let c = Named::spawn("c").await;

@@ -285,21 +285,15 @@ fn zones(ns: &str, name: &str, a: &Annotations, out: &mut Out) -> Vec<String> {
             ..RawZone::default()
         });
     };
-    if a.rps > 0 {
-        zone(
-            "rps",
-            format!("{}r/s", a.rps),
-            a.rps * a.burst_multiplier,
-            None,
-        );
-    }
-    if a.rpm > 0 {
-        zone(
-            "rpm",
-            format!("{}r/m", a.rpm),
-            a.rpm * a.burst_multiplier,
-            None,
-        );
+    for (per_second, n, unit) in [("rps", a.rps, "s"), ("rpm", a.rpm, "m")] {
+        if n > 0 {
+            zone(
+                per_second,
+                format!("{n}r/{unit}"),
+                n * a.burst_multiplier,
+                None,
+            );
+        }
     }
     if a.connections > 0 {
         // limit_conn only: a rate that never limits.
