@@ -401,17 +401,27 @@ routes: [{{ match: {{ path_prefix: / }}, respond: {{ body: {body} }} }}]
     let path = dir.path().join("tollgate.yaml");
     std::fs::write(&path, config("before")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The binary's and the config's folders are bound under /srv (or
+    // /mnt) first: the clone may itself sit under /tmp, which the
+    // sandbox's tmpfs hides.
+    let bin = Path::new(BIN);
     let script = format!(
         "set -e
+base=/srv; [ -d $base ] || base=/mnt
+mount -t tmpfs -o size=1m,mode=755 tmpfs $base
+mkdir $base/bin $base/config
+mount --bind {bin_dir} $base/bin
+mount --bind {dir} $base/config
 awk '{{print $2}}' /proc/self/mounts | grep -Ev '^/(proc|sys|dev)(/|$)' | while read -r m; do
     mount -o remount,bind,ro \"$m\" 2>/dev/null || true
 done
 mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
 exec setpriv --reuid=10001 --regid=10001 --clear-groups --inh-caps=-all --bounding-set=-all \\
-    --no-new-privs sh -c 'if touch {dir}/probe 2>/dev/null; then echo writable >&2; exit 97; fi
-    exec {BIN} run --config {path} --watch'",
+    --no-new-privs sh -c \"if touch $base/config/probe 2>/dev/null; then echo writable >&2; exit 97; fi
+    exec $base/bin/{bin_name} run --config $base/config/tollgate.yaml --watch\"",
+        bin_dir = bin.parent().unwrap().display(),
+        bin_name = bin.file_name().unwrap().to_string_lossy(),
         dir = dir.path().display(),
-        path = path.display(),
     );
     let mut command = Command::new("unshare");
     command
