@@ -78,6 +78,7 @@ pub(crate) mod server;
 #[doc(hidden)]
 pub mod testing;
 pub mod tls;
+pub mod traces;
 
 pub use config::Config;
 pub use error::{ConfigError, ProxyError};

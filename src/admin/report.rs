@@ -193,6 +193,10 @@ impl Sources for Pipeline {
         self.alerts.deliveries()
     }
 
+    fn trace_spans(&self) -> Vec<(&'static str, u64)> {
+        self.tracer.iter().flat_map(|t| t.counts()).collect()
+    }
+
     fn penalties(&self) -> Vec<(Arc<str>, [u64; 3])> {
         let now = self.engine.clock().unix_ms();
         self.engine.penalties().counts(now)

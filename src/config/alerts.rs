@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::checker::Checker;
 use super::compiled::*;
 use super::raw::RawAlerts;
-use crate::tls;
 
 /// A share above 0 and at most 1.
 fn share(c: &mut Checker, path: &str, t: &crate::config::raw::Text) -> f64 {
@@ -33,37 +32,7 @@ pub(super) fn alerts(
     };
     let cooldown = c.positive_duration("alerts.cooldown", &raw.cooldown, Duration::from_secs(300));
     let webhook = raw.webhook.as_ref().and_then(|w| {
-        let uri: http::Uri = match w.url.parse() {
-            Ok(u) => u,
-            Err(_) => {
-                c.report("alerts.webhook.url", format!("not a URL: \"{}\"", w.url));
-                return None;
-            }
-        };
-        let tls = match uri.scheme_str() {
-            Some("http") => None,
-            Some("https") => match tls::client_config(None) {
-                Ok(cfg) => Some(cfg),
-                Err(e) => {
-                    c.report("alerts.webhook.url", e);
-                    return None;
-                }
-            },
-            _ => {
-                c.report(
-                    "alerts.webhook.url",
-                    format!("expected an http:// or https:// URL, got \"{}\"", w.url),
-                );
-                return None;
-            }
-        };
-        if uri.host().is_none() {
-            c.report(
-                "alerts.webhook.url",
-                format!("the URL has no host: \"{}\"", w.url),
-            );
-            return None;
-        }
+        let (uri, tls) = c.http_url("alerts.webhook.url", &w.url)?;
         let slack = match w.format.as_deref() {
             None | Some("json") => false,
             Some("slack") => true,

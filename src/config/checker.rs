@@ -96,6 +96,41 @@ impl Checker {
         }
     }
 
+    /// An http:// or https:// URL with a host, and for https the client
+    /// TLS settings (the system's roots).
+    pub fn http_url(
+        &mut self,
+        path: &str,
+        url: &str,
+    ) -> Option<(http::Uri, Option<std::sync::Arc<rustls::ClientConfig>>)> {
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            self.report(path, format!("not a URL: \"{url}\""));
+            return None;
+        };
+        let tls = match uri.scheme_str() {
+            Some("http") => None,
+            Some("https") => match crate::tls::client_config(None) {
+                Ok(cfg) => Some(cfg),
+                Err(e) => {
+                    self.report(path, e);
+                    return None;
+                }
+            },
+            _ => {
+                self.report(
+                    path,
+                    format!("expected an http:// or https:// URL, got \"{url}\""),
+                );
+                return None;
+            }
+        };
+        if uri.host().is_none() {
+            self.report(path, format!("the URL has no host: \"{url}\""));
+            return None;
+        }
+        Some((uri, tls))
+    }
+
     pub fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
         match text.trim().parse::<SocketAddr>() {
             Ok(a) => Some(a),

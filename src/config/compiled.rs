@@ -12,9 +12,11 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 mod plans;
 mod protect;
+mod traces;
 mod upstream;
 pub use self::plans::*;
 pub use self::protect::*;
+pub use self::traces::*;
 pub use self::upstream::*;
 
 #[derive(Debug)]
@@ -38,6 +40,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub alerts: AlertsConfig,
     pub priorities: Priorities,
+    /// `None`: no `traces` section, nothing traced.
+    pub traces: Option<TracesConfig>,
 }
 
 /// Attack alerts: rules on limits, and where they are posted.

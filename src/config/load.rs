@@ -27,6 +27,7 @@ const SECTIONS: &[&str] = &[
     "routes",
     "log",
     "alerts",
+    "traces",
 ];
 
 /// Parses YAML text into raw sections, collecting every problem found.
@@ -80,6 +81,7 @@ pub fn load(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> (RawConfig, 
             "bypass" => raw.bypass = one(value, "bypass", &mut problems),
             "store" => raw.store = one(value, "store", &mut problems),
             "alerts" => raw.alerts = one(value, "alerts", &mut problems),
+            "traces" => raw.traces = one(value, "traces", &mut problems),
             "identity" => raw.identity = one(value, "identity", &mut problems),
             "upstreams" => raw.upstreams = named(value, "upstreams", &mut problems),
             "priorities" => raw.priorities = one(value, "priorities", &mut problems),

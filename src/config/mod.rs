@@ -20,6 +20,7 @@ pub(crate) mod quota;
 pub(crate) mod raw;
 pub(crate) mod routes;
 pub(crate) mod store;
+pub(crate) mod traces;
 pub(crate) mod units;
 pub(crate) mod upstreams;
 pub(crate) mod validate;
@@ -155,6 +156,25 @@ impl Config {
                 r.breaker_failures,
             ),
         };
+        if let Some(t) = &self.traces {
+            let parents = if t.trust_any_parent {
+                "any client"
+            } else {
+                "trusted proxies"
+            };
+            let _ = writeln!(
+                s,
+                "traces:    OTLP/HTTP to {} as {:?}, ratio {}{}, parents from {parents}",
+                t.uri,
+                t.service_name,
+                t.ratio,
+                if t.keep_refused_and_failed {
+                    " (+ every refused or failed request)"
+                } else {
+                    ""
+                },
+            );
+        }
         if let Some(id) = &self.identity {
             let jwt = id.jwt.as_ref().map(|j| {
                 let algs: Vec<String> = j

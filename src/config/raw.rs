@@ -70,6 +70,7 @@ pub struct RawConfig {
     pub store: Option<RawStore>,
     pub alerts: Option<RawAlerts>,
     pub priorities: Option<RawPriorities>,
+    pub traces: Option<RawTraces>,
 }
 
 /// Written as a file `load` reads back: the sections in the order `check`
@@ -128,6 +129,9 @@ impl Serialize for RawConfig {
         }
         if let Some(alerts) = &self.alerts {
             map.serialize_entry("alerts", alerts)?;
+        }
+        if let Some(traces) = &self.traces {
+            map.serialize_entry("traces", traces)?;
         }
         map.end()
     }
@@ -337,6 +341,22 @@ pub struct RawZone {
     pub on_error: Option<String>,
     pub penalty: Option<RawPenalty>,
     pub plans: Option<std::collections::BTreeMap<String, RawPlanNumbers>>,
+}
+
+/// OpenTelemetry traces: where spans go, which are kept.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTraces {
+    pub endpoint: String,
+    pub service_name: Option<String>,
+    pub ratio: Option<Text>,
+    pub keep_refused_and_failed: Option<bool>,
+    pub trust_parent: Option<String>,
+    pub user: Option<bool>,
+    pub queue: Option<Text>,
+    pub batch: Option<Text>,
+    pub interval: Option<Text>,
+    pub timeout: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

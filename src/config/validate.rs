@@ -72,10 +72,12 @@ pub fn validate(raw: RawConfig, mut problems: Vec<Problem>) -> Result<Config, Ve
     }
 
     let alerts = super::alerts::alerts(raw.alerts.as_ref(), &zones, &routes, &mut c);
+    let traces = super::traces::traces(raw.traces.as_ref(), &mut c);
 
     if c.problems.is_empty() {
         Ok(Config {
             alerts,
+            traces,
             priorities,
             listeners,
             admin,

@@ -448,6 +448,17 @@ impl Scrape {
                 .into_iter()
                 .map(|(r, n)| (vec![("result", r.to_owned())], n)),
         )?;
+        let spans = s.trace_spans();
+        if !spans.is_empty() {
+            counter(
+                e,
+                "tollgate_trace_spans",
+                "Spans of traced requests, by result: exported to the collector, or dropped (queue_full: the export queue was full; export_failed: the collector failed or timed out).",
+                spans
+                    .into_iter()
+                    .map(|(r, n)| (vec![("result", r.to_owned())], n)),
+            )?;
+        }
         counter(
             e,
             "tollgate_admin_unauthorized",

@@ -88,6 +88,9 @@ pub trait Sources: Send + Sync {
     fn alerts(&self) -> Vec<(Arc<str>, u64)>;
     /// `(result, webhook deliveries)`: ok, failed, dropped.
     fn alert_deliveries(&self) -> Vec<(&'static str, u64)>;
+    /// `(result, spans)` of the trace exporter: exported, queue_full,
+    /// export_failed (empty without `traces`).
+    fn trace_spans(&self) -> Vec<(&'static str, u64)>;
     /// Per limit with a penalty box: bans started by this process, requests
     /// refused by a ban, bans in force.
     fn penalties(&self) -> Vec<(Arc<str>, [u64; 3])>;

@@ -156,7 +156,15 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
         let version = (tries < 2).then(|| engine.overrides().version());
         let choices = choose(engine, zones, route, &batch, cx);
         let checks = checks(zones, route, &batch, &choices, version);
-        match engine.decide(&checks).await {
+        let start_ns = cx.end.trace.is_some().then(crate::clock::unix_ns);
+        let decided = engine.decide(&checks).await;
+        let store = if engine.redis().is_some() {
+            "redis"
+        } else {
+            "memory"
+        };
+        super::traced::store_call(cx, start_ns, store, checks.len(), &decided);
+        match decided {
             Err(LimiterError::Stale) => tries += 1,
             decided => {
                 let outcome = decided.map_err(ProxyError::LimitUnavailable)?;

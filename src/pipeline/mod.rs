@@ -41,6 +41,7 @@ pub use replayed::Replayed;
 pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod settle;
+mod traced;
 pub(crate) mod upstream;
 pub(crate) mod webhook;
 pub(crate) mod zones;
@@ -53,12 +54,10 @@ pub use self::normalize::normalize;
 pub use self::route::find as find_route;
 pub use self::webhook::sign;
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::{EXPECT, TRANSFER_ENCODING};
-use http::uri::{PathAndQuery, Uri};
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -113,6 +112,8 @@ pub struct Pipeline {
     pub(crate) listeners: Box<[ListenerView]>,
     /// Which requests an overloaded upstream sheds first.
     pub(crate) priorities: crate::config::Priorities,
+    /// Spans of requests, when `traces` is configured.
+    pub(crate) tracer: Option<Arc<crate::traces::Tracer>>,
 }
 
 /// A listener as the admin API shows it.
@@ -230,6 +231,13 @@ impl Pipeline {
                     .max(config.server.lingering_timeout),
             ),
             access_log: config.log.access_log,
+            tracer: config.traces.take().map(|c| {
+                let same = previous
+                    .and_then(|p| p.tracer.as_ref())
+                    .filter(|t| *t.config() == c);
+                same.cloned()
+                    .unwrap_or_else(|| crate::traces::Tracer::new(c))
+            }),
             client_ip: config.client_ip.clone(),
             bypass: std::mem::take(&mut config.bypass),
             zones: Zones::new(zones, previous.map(|p| &p.zones)),
@@ -302,6 +310,7 @@ impl Pipeline {
         });
         let h2 = req.version() == http::Version::HTTP_2;
         let mut cx = Ctx::new(resolved, self.end(record, conn, h2));
+        traced::begin(self.tracer.as_ref(), &mut cx, req, conn);
         let version = req.version();
         let expects_continue = body
             .as_ref()
@@ -322,6 +331,7 @@ impl Pipeline {
                 };
                 cx.end
                     .set_rate_limit(|| format!("{how}:{}", rejection.limit));
+                traced::refused(&mut cx, &rejection);
                 let resp = response::rejected(&rejection, cx.route, &cx.applied);
                 if response::grpc::is_grpc(req.headers()) {
                     let detail = rejection.detail();
@@ -338,6 +348,7 @@ impl Pipeline {
                 }
             }
             Err(Stop::Failed(err)) => {
+                traced::failed(&mut cx, &err);
                 if err.is_client_error() {
                     tracing::debug!(client = %cx.client.client.ip, error = %err, "request refused");
                 } else {
@@ -384,6 +395,8 @@ impl Pipeline {
             );
         }
         self.count(&cx);
+        let route = cx.route;
+        traced::decisions(&mut cx, &self.metrics, |o| self.limit_index(o, route));
         cx.end.set_status(resp.status());
         if !http_body::Body::is_end_stream(resp.body()) {
             cx.end.start_response();
@@ -468,7 +481,7 @@ impl Pipeline {
         {
             return Err(ProxyError::GrpcNeedsHttp2);
         }
-        normalize_path(req)?;
+        normalize::normalize_path(req)?;
         host::resolve(req)
     }
 
@@ -567,29 +580,4 @@ impl Pipeline {
         }
         Ok(())
     }
-}
-
-/// One spelling per path before anything matches or counts on it; the
-/// normalised path is also what the upstream receives.
-fn normalize_path<B>(req: &mut Request<B>) -> Result<(), ProxyError> {
-    if let Cow::Owned(path) =
-        normalize::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
-    {
-        *req.uri_mut() = with_path(req.uri(), &path)?;
-    }
-    Ok(())
-}
-
-/// `uri` with its path replaced by `path` (the query is kept).
-fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
-    let pq = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_owned(),
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(
-        PathAndQuery::try_from(pq)
-            .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
-    );
-    Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
 }

@@ -12,6 +12,11 @@
 
 use std::borrow::Cow;
 
+use http::uri::{PathAndQuery, Uri};
+use http::Request;
+
+use crate::error::ProxyError;
+
 /// Why a path cannot be normalised safely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadPath(pub &'static str);
@@ -132,6 +137,31 @@ fn utf8_len(first: u8) -> usize {
         0xC0..=0xDF => 2,
         _ => 1,
     }
+}
+
+/// One spelling per path before anything matches or counts on it; the
+/// normalised path is also what the upstream receives.
+pub(super) fn normalize_path<B>(req: &mut Request<B>) -> Result<(), ProxyError> {
+    if let Cow::Owned(path) =
+        normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.0))?
+    {
+        *req.uri_mut() = with_path(req.uri(), &path)?;
+    }
+    Ok(())
+}
+
+/// `uri` with its path replaced by `path` (the query is kept).
+fn with_path(uri: &Uri, path: &str) -> Result<Uri, ProxyError> {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(pq)
+            .map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))?,
+    );
+    Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest("the path cannot be normalised"))
 }
 
 #[cfg(test)]

@@ -177,19 +177,35 @@ pub async fn forward(
         }
     };
 
-    let mut target = None;
+    if let Some(t) = cx.end.trace.as_ref() {
+        // tollgate's span is the upstream's parent; a client's malformed
+        // or untrusted trace fields never reach it.
+        let headers = req.headers_mut();
+        headers.insert("traceparent", t.traceparent());
+        match t.tracestate() {
+            Some(state) => headers.insert("tracestate", state.clone()),
+            None => headers.remove("tracestate"),
+        };
+    }
+    let mut chosen = super::upstream::Chosen {
+        target: None,
+        attempts: cx.end.trace.is_some().then(Vec::new),
+    };
     let sent = upstream
         .send(
             req,
             body,
             host_set,
             (&added, call),
-            &mut target,
+            &mut chosen,
             conn.state.is_h2().then_some(&conn.state),
             key,
         )
         .await;
-    cx.end.set_target(target);
+    if let Some(attempts) = chosen.attempts {
+        super::traced::attempts(cx, req.method().as_str(), attempts);
+    }
+    cx.end.set_target(chosen.target);
     let (answer, in_flight) = sent?;
     // The target counts the request in flight until its answer has ended.
     cx.end.in_flight = Some(in_flight);

@@ -67,6 +67,8 @@ pub struct RequestEnd {
     pub in_flight: Option<super::upstream::InFlight>,
     /// Its place under the upstream's concurrency limit (`protect`).
     pub permit: Option<super::protect::Permit>,
+    /// Its span, when traces are on (`traces`).
+    pub trace: Option<Box<crate::traces::Trace>>,
 }
 
 impl RequestEnd {
@@ -96,6 +98,7 @@ impl RequestEnd {
             in_flight: None,
             permit: None,
             watch: None,
+            trace: None,
         }
     }
 
@@ -115,8 +118,16 @@ impl RequestEnd {
 
     /// The caller's plan, named only when the access log is on.
     pub fn set_plan(&mut self, plan: impl FnOnce() -> Arc<str>) {
+        let traced = self.trace.as_ref().is_some_and(|t| t.names_users());
+        if self.record.is_none() && !traced {
+            return;
+        }
+        let plan = plan();
+        if let Some(t) = self.trace.as_mut().filter(|_| traced) {
+            t.string("tollgate.plan", &*plan);
+        }
         if let Some(r) = self.record.as_mut() {
-            r.plan = Some(plan());
+            r.plan = Some(plan);
         }
     }
 
@@ -136,30 +147,49 @@ impl RequestEnd {
 
     pub fn set_route(&mut self, route: &RouteConfig) {
         self.route = route.index;
+        if let Some(t) = self.trace.as_mut() {
+            t.route(&route.name);
+        }
         if let Some(r) = self.record.as_mut() {
             r.route = Some(route.name.clone());
         }
     }
 
     pub fn set_rate_limit(&mut self, what: impl FnOnce() -> String) {
+        if self.record.is_none() && self.trace.is_none() {
+            return;
+        }
+        let what = what();
+        if let Some(t) = self.trace.as_mut() {
+            t.string("tollgate.rate_limit", what.clone());
+        }
         if let Some(r) = self.record.as_mut() {
-            r.rate_limit = Some(what());
+            r.rate_limit = Some(what);
         }
     }
 
     pub fn set_user(&mut self, user: &str) {
+        if let Some(t) = self.trace.as_mut().filter(|t| t.names_users()) {
+            t.string("enduser.id", user);
+        }
         if let Some(r) = self.record.as_mut() {
             r.user = Some(user.to_owned());
         }
     }
 
     pub fn set_upstream(&mut self, name: &Arc<str>) {
+        if let Some(t) = self.trace.as_mut() {
+            t.string("tollgate.upstream", &**name);
+        }
         if let Some(r) = self.record.as_mut() {
             r.upstream = Some(name.clone());
         }
     }
 
     pub fn set_target(&mut self, target: Option<Arc<str>>) {
+        if let (Some(t), Some(target)) = (self.trace.as_mut(), &target) {
+            t.string("tollgate.upstream.target", &**target);
+        }
         if let Some(r) = self.record.as_mut() {
             r.target = target;
         }
@@ -206,7 +236,20 @@ impl Drop for RequestEnd {
         if let Some(watch) = self.watch.take() {
             watch.finish(self.metrics.clone(), self.clock.unix_ms(), self.aborted);
         }
+        let ids = self.trace.take().map(|mut t| {
+            let ids = (t.trace_id.hex(), t.span_id.hex());
+            if let Some(code) = self.grpc_status {
+                t.int("rpc.grpc.status_code", i64::from(code));
+            }
+            t.int("http.response.status_code", i64::from(self.status));
+            t.finish(took.as_nanos() as u64, self.status);
+            ids
+        });
         let Some(r) = self.record.take() else { return };
+        let (trace_id, span_id) = match &ids {
+            Some((t, s)) => (Some(t.as_str()), Some(s.as_str())),
+            None => (None, None),
+        };
         let ms = took.as_secs_f64() * 1000.0;
         tracing::info!(
             target: "tollgate::access",
@@ -225,6 +268,8 @@ impl Drop for RequestEnd {
             duration_ms = (ms * 1000.0).round() / 1000.0,
             bytes = self.bytes,
             aborted = self.aborted,
+            trace_id,
+            span_id,
             "request"
         );
     }

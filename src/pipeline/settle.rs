@@ -293,6 +293,10 @@ impl super::Pipeline {
         if cx.reserved.is_empty() {
             return;
         }
+        if let Some(t) = cx.end.trace.as_mut() {
+            let units: u64 = cx.reserved.iter().map(|r| r.units).sum();
+            t.int("tollgate.cost.reserved", units as i64);
+        }
         let mut reserved = std::mem::take(&mut cx.reserved);
         for r in &mut reserved {
             // (the route limit's index made the limit's metrics index)

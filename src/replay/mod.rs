@@ -102,6 +102,8 @@ pub fn replay(
             .first()
             .map(|l| Arc::from(l.name.as_str()))
             .unwrap_or_else(|| Arc::from("replay"));
+        // A replay sends nothing anywhere: no spans either.
+        config.traces = None;
         let pipeline = Pipeline::new(&mut config, engine);
         let state = Arc::new(ConnState::new(pipeline.metrics().listener_stats(0)));
         let mut report = Report::new(config_name, options, &pipeline, unknown, refusals);

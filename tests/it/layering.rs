@@ -11,7 +11,7 @@ const FLOORS: &[&[&str]] = &[
     &["server"],
     &["admin", "listener", "replay"],
     &["pipeline"],
-    &["alerts", "import", "logging"],
+    &["alerts", "import", "logging", "traces"],
     &["config"],
     &["error", "http1", "tls", "secret", "reload"],
     &["limiter"],

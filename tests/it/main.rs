@@ -48,6 +48,7 @@ mod shared_conns;
 mod shedding;
 mod streaming;
 mod tls;
+mod traces;
 mod upgrades;
 mod upstream_failures;
 mod upstream_h1;

@@ -203,3 +203,53 @@ impl Upstream {
         }
     }
 }
+
+/// The target a request went to, and, when it is traced, every attempt.
+#[derive(Default)]
+pub struct Chosen {
+    pub target: Option<Arc<str>>,
+    /// `None`: not traced (nothing is recorded).
+    pub attempts: Option<Vec<Attempt>>,
+}
+
+/// One attempt at a target, for its span.
+pub struct Attempt {
+    pub target: Arc<str>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The answer's status, if one came.
+    pub status: Option<u16>,
+    /// Why it failed (a listed status counts), if it did.
+    pub failure: Option<&'static str>,
+    /// The request was passed on to another target after it.
+    pub retried: bool,
+}
+
+impl Chosen {
+    pub(super) fn attempted(&mut self, start_ns: Option<u64>, target: &Arc<str>, tried: &Tried) {
+        let (Some(attempts), Some(start_ns)) = (self.attempts.as_mut(), start_ns) else {
+            return;
+        };
+        let (status, failure) = match tried {
+            Tried::Answer(a) => (Some(a.status()), None),
+            Tried::Failed { failure, .. } => (None, Some(failure.name())),
+            Tried::Client(_) => (None, Some("client")),
+        };
+        attempts.push(Attempt {
+            target: target.clone(),
+            start_ns,
+            end_ns: crate::clock::unix_ns(),
+            status,
+            failure,
+            retried: false,
+        });
+    }
+
+    /// The last attempt failed by `reason` and the request goes on.
+    pub(super) fn retried(&mut self, reason: &'static str) {
+        if let Some(last) = self.attempts.as_mut().and_then(|a| a.last_mut()) {
+            last.retried = true;
+            last.failure = Some(reason);
+        }
+    }
+}

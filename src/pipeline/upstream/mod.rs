@@ -31,6 +31,7 @@ mod resolver;
 mod retry;
 mod target;
 
+pub use self::attempt::{Attempt, Chosen};
 pub use self::balancer::BalanceKey;
 pub use self::retry::Failure;
 pub use self::target::InFlight;
@@ -259,7 +260,7 @@ impl Upstream {
         body: RequestBody,
         host_set: bool,
         (added, call): (&[(HeaderName, HeaderValue)], Call),
-        chosen: &mut Option<Arc<str>>,
+        chosen: &mut Chosen,
         held: Option<&Arc<ConnState>>,
         key: BalanceKey,
     ) -> Result<(Answer, InFlight), ProxyError> {
@@ -345,7 +346,8 @@ impl Upstream {
                 }
             }
             retries.tried += 1;
-            *chosen = Some(target.authority.clone());
+            chosen.target = Some(target.authority.clone());
+            let attempt_ns = chosen.attempts.is_some().then(crate::clock::unix_ns);
             let wakes = self
                 .gate
                 .as_ref()
@@ -368,7 +370,9 @@ impl Upstream {
             };
             // `answered`: an answer's status sent it on, its latency and budget
             // already seen to.
-            let (failure, sent, error, answered) = match self.attempt(to, head, &mut body).await {
+            let tried = self.attempt(to, head, &mut body).await;
+            chosen.attempted(attempt_ns, &target.authority, &tried);
+            let (failure, sent, error, answered) = match tried {
                 Tried::Answer(answer) => {
                     let now = self.clock.now();
                     let status = answer.status();
@@ -436,6 +440,7 @@ impl Upstream {
                 }
             }
             target.stats.retries[failure as usize].fetch_add(1, Ordering::Relaxed);
+            chosen.retried(failure.name());
             tracing::debug!(upstream = %self.name, target = %target.authority, reason = failure.name(), "passing the request on to the next target");
             last_error = Some(error);
         }
