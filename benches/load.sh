@@ -57,6 +57,11 @@
 #       two ports) balanced by round robin, by least_conn and by
 #       `hash $request_uri consistent`, interleaved: the cost per request
 #       of each balancing method against the round robin over the same two
+#   TRACES=1 bash benches/load.sh
+#       also runs the allow path with OpenTelemetry traces on, every
+#       request kept (ratio 1.0: a server span, its attempt span, exported
+#       to the upstream nginx standing in for a collector, which answers
+#       200) and at ratio 0.01, next to the allow path without traces
 #   PROTECT=1 bash benches/load.sh
 #       also runs the allow path with backend protection on (an adaptive
 #       concurrency limit held at 1000, which no run reaches, and a
@@ -111,6 +116,7 @@ H2=${H2:-}
 PLANS=${PLANS:-}
 BALANCE=${BALANCE:-}
 PROTECT=${PROTECT:-}
+TRACES=${TRACES:-}
 QUOTAS=${QUOTAS:-}
 # The fields HEADS=1 adds to every request of the runs named *-heads (500
 # bytes of head).
@@ -320,6 +326,15 @@ if [ -n "$PROTECT" ]; then
     sed -i "s|\[\"127.0.0.1:$UP\"\] }|[\"127.0.0.1:$UP\"], concurrency: { min: 1000, max: 1000 }, queue: { size: 100, timeout: 1s } }|" "$work/protect.yaml"
     grep -q "concurrency" "$work/protect.yaml" || { echo "load.sh: the protect config has no gate" >&2; exit 1; }
 fi
+if [ -n "$TRACES" ]; then
+    # The allow config with traces on, exported to the upstream nginx (its
+    # `return 200` takes the POSTs as a collector would).
+    for t in all:36:1.0 hundredth:37:0.01; do
+        IFS=: read -r name off ratio <<<"$t"
+        tollgate_config "$work/traces-$name.yaml" $((BASE_PORT + off)) $((BASE_PORT + off + 40)) 100000000r/s no ""
+        echo "traces: { endpoint: \"http://127.0.0.1:$UP/v1/traces\", ratio: $ratio }" >> "$work/traces-$name.yaml"
+    done
+fi
 if [ -n "$QUOTAS" ]; then
     # The two tiers, a monthly quota beside them, a penalty box on the zone
     # and on the short limit (never filled: the check alone).
@@ -377,6 +392,10 @@ if [ -n "$BALANCE" ]; then
 fi
 if [ -n "$PROTECT" ]; then
     TG_PROTECT=$(start_tollgate "$TOLLGATE" "$work/protect.yaml"); pids+=("$TG_PROTECT")
+fi
+if [ -n "$TRACES" ]; then
+    TG_TRACES_ALL=$(start_tollgate "$TOLLGATE" "$work/traces-all.yaml"); pids+=("$TG_TRACES_ALL")
+    TG_TRACES_HUNDREDTH=$(start_tollgate "$TOLLGATE" "$work/traces-hundredth.yaml"); pids+=("$TG_TRACES_HUNDREDTH")
 fi
 if [ -n "$QUOTAS" ]; then
     TG_QUOTA=$(start_tollgate "$TOLLGATE" "$work/quota.yaml"); pids+=("$TG_QUOTA")
@@ -597,6 +616,10 @@ plan=(
 [ -n "$PROTECT" ] && plan+=(
     "tollgate-protect $((BASE_PORT + 35)) $TG_PROTECT"
 )
+[ -n "$TRACES" ] && plan+=(
+    "tollgate-traces-all $((BASE_PORT + 36)) $TG_TRACES_ALL"
+    "tollgate-traces-0.01 $((BASE_PORT + 37)) $TG_TRACES_HUNDREDTH"
+)
 [ -n "$BALANCE" ] && plan+=(
     "tollgate-rr2 $((BASE_PORT + 30)) $TG_BAL_RR"
     "tollgate-least-conn $((BASE_PORT + 31)) $TG_BAL_LEAST"
@@ -669,6 +692,7 @@ names="nginx-allow tollgate-allow nginx-reject tollgate-reject tollgate-two-tier
 [ -n "$PLANS" ] && names="$names tollgate-plans tollgate-settle"
 [ -n "$BALANCE" ] && names="$names tollgate-rr2 tollgate-least-conn tollgate-hash"
 [ -n "$PROTECT" ] && names="$names tollgate-protect"
+[ -n "$TRACES" ] && names="$names tollgate-traces-all tollgate-traces-0.01"
 [ -n "$QUOTAS" ] && names="$names tollgate-quota tollgate-boxed"
 [ -n "$DASHBOARD" ] && names="$names tollgate-allow-dash"
 [ -n "$SIDE_BY_SIDE" ] && names="$names together-nginx-allow together-tollgate-allow"
@@ -738,6 +762,12 @@ if [ -n "$QUOTAS" ]; then
     compare "quota + box checks: CPU per request vs two tiers" tollgate-quota tollgate-two-tiers 7
     compare "quota + box checks: throughput vs two tiers" tollgate-quota tollgate-two-tiers 4
     compare "refused by a ban: CPU per request vs zone's 429" tollgate-boxed tollgate-reject 7
+fi
+if [ -n "$TRACES" ]; then
+    compare "traces, every request: CPU per request vs allow" tollgate-traces-all tollgate-allow 7
+    compare "traces, every request: throughput vs allow" tollgate-traces-all tollgate-allow 4
+    compare "traces at 0.01: CPU per request vs allow" tollgate-traces-0.01 tollgate-allow 7
+    compare "traces at 0.01: throughput vs allow" tollgate-traces-0.01 tollgate-allow 4
 fi
 if [ -n "$PROTECT" ]; then
     compare "protection on: CPU per request vs allow" tollgate-protect tollgate-allow 7
