@@ -189,7 +189,7 @@ pub async fn forward(
     }
     let mut chosen = super::upstream::Chosen {
         target: None,
-        attempts: cx.end.trace.is_some().then(Vec::new),
+        attempts: cx.end.trace.is_some().then(smallvec::SmallVec::new),
     };
     let sent = upstream
         .send(
@@ -202,8 +202,8 @@ pub async fn forward(
             key,
         )
         .await;
-    if let Some(attempts) = chosen.attempts {
-        super::traced::attempts(cx, req.method().as_str(), attempts);
+    if let (Some(t), Some(attempts)) = (cx.end.trace.as_mut(), chosen.attempts) {
+        t.attempts = attempts;
     }
     cx.end.set_target(chosen.target);
     let (answer, in_flight) = sent?;

@@ -124,7 +124,7 @@ impl RequestEnd {
         }
         let plan = plan();
         if let Some(t) = self.trace.as_mut().filter(|_| traced) {
-            t.string("tollgate.plan", &*plan);
+            t.plan = Some(plan.clone());
         }
         if let Some(r) = self.record.as_mut() {
             r.plan = Some(plan);
@@ -148,7 +148,7 @@ impl RequestEnd {
     pub fn set_route(&mut self, route: &RouteConfig) {
         self.route = route.index;
         if let Some(t) = self.trace.as_mut() {
-            t.route(&route.name);
+            t.route = Some(route.name.clone());
         }
         if let Some(r) = self.record.as_mut() {
             r.route = Some(route.name.clone());
@@ -161,7 +161,7 @@ impl RequestEnd {
         }
         let what = what();
         if let Some(t) = self.trace.as_mut() {
-            t.string("tollgate.rate_limit", what.clone());
+            t.rate_limit = Some(what.clone());
         }
         if let Some(r) = self.record.as_mut() {
             r.rate_limit = Some(what);
@@ -170,7 +170,7 @@ impl RequestEnd {
 
     pub fn set_user(&mut self, user: &str) {
         if let Some(t) = self.trace.as_mut().filter(|t| t.names_users()) {
-            t.string("enduser.id", user);
+            t.user = Some(user.to_owned());
         }
         if let Some(r) = self.record.as_mut() {
             r.user = Some(user.to_owned());
@@ -179,7 +179,7 @@ impl RequestEnd {
 
     pub fn set_upstream(&mut self, name: &Arc<str>) {
         if let Some(t) = self.trace.as_mut() {
-            t.string("tollgate.upstream", &**name);
+            t.upstream = Some(name.clone());
         }
         if let Some(r) = self.record.as_mut() {
             r.upstream = Some(name.clone());
@@ -187,8 +187,8 @@ impl RequestEnd {
     }
 
     pub fn set_target(&mut self, target: Option<Arc<str>>) {
-        if let (Some(t), Some(target)) = (self.trace.as_mut(), &target) {
-            t.string("tollgate.upstream.target", &**target);
+        if let Some(t) = self.trace.as_mut() {
+            t.target = target.clone();
         }
         if let Some(r) = self.record.as_mut() {
             r.target = target;
@@ -237,16 +237,16 @@ impl Drop for RequestEnd {
             watch.finish(self.metrics.clone(), self.clock.unix_ms(), self.aborted);
         }
         let ids = self.trace.take().map(|mut t| {
-            let ids = (t.trace_id.hex(), t.span_id.hex());
-            if let Some(code) = self.grpc_status {
-                t.int("rpc.grpc.status_code", i64::from(code));
-            }
-            t.int("http.response.status_code", i64::from(self.status));
+            t.grpc_status = self.grpc_status;
+            let ids = self
+                .record
+                .is_some()
+                .then(|| (t.trace_id.hex(), t.span_id.hex()));
             t.finish(took.as_nanos() as u64, self.status);
             ids
         });
         let Some(r) = self.record.take() else { return };
-        let (trace_id, span_id) = match &ids {
+        let (trace_id, span_id) = match ids.as_ref().and_then(|i| i.as_ref()) {
             Some((t, s)) => (Some(t.as_str()), Some(s.as_str())),
             None => (None, None),
         };

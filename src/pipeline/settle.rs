@@ -295,7 +295,7 @@ impl super::Pipeline {
         }
         if let Some(t) = cx.end.trace.as_mut() {
             let units: u64 = cx.reserved.iter().map(|r| r.units).sum();
-            t.int("tollgate.cost.reserved", units as i64);
+            t.cost_reserved = Some(units);
         }
         let mut reserved = std::mem::take(&mut cx.reserved);
         for r in &mut reserved {

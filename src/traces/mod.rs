@@ -19,6 +19,7 @@ pub(crate) mod otlp;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
+use smallvec::SmallVec;
 
 pub use self::context::{Parent, SpanId, TraceId};
 /// The OTLP messages, for tests and tools that read an export.
@@ -72,10 +73,23 @@ impl Tracer {
             sampled,
             state,
             start_ns,
-            attrs: Vec::new(),
-            children: Vec::new(),
             kept: false,
-            name: String::new(),
+            request: None,
+            route: None,
+            user: None,
+            plan: None,
+            rate_limit: None,
+            upstream: None,
+            target: None,
+            refused_by: None,
+            error: None,
+            limits: SmallVec::new(),
+            delay_ms: 0,
+            bypass: None,
+            cost_reserved: None,
+            grpc_status: None,
+            store_calls: SmallVec::new(),
+            attempts: SmallVec::new(),
         })
     }
 
@@ -93,7 +107,8 @@ impl Tracer {
     }
 }
 
-/// One request's span, filled in as it moves along.
+/// One request's span, filled in as it moves along: plain fields (no
+/// attribute is built, nothing is formatted) until it ends and is kept.
 pub struct Trace {
     tracer: Arc<Tracer>,
     pub trace_id: TraceId,
@@ -102,24 +117,59 @@ pub struct Trace {
     pub sampled: bool,
     state: Option<HeaderValue>,
     start_ns: u64,
-    attrs: Vec<KeyValue>,
-    children: Vec<otlp::Span>,
     /// Refused or failed: kept whatever the sampling said.
     kept: bool,
-    /// `<method>` then `<method> <route>` (OpenTelemetry's HTTP span name).
-    name: String,
+    pub request: Option<RequestSeen>,
+    pub route: Option<Arc<str>>,
+    pub user: Option<String>,
+    pub plan: Option<Arc<str>>,
+    pub rate_limit: Option<String>,
+    pub upstream: Option<Arc<str>>,
+    pub target: Option<Arc<str>>,
+    /// The refusing limit and its Retry-After seconds.
+    pub refused_by: Option<(Arc<str>, u64)>,
+    pub error: Option<String>,
+    /// Each limit's decision: (tier, name, outcome).
+    pub limits: SmallVec<[(&'static str, Arc<str>, &'static str); 4]>,
+    pub delay_ms: u64,
+    pub bypass: Option<&'static str>,
+    pub cost_reserved: Option<u64>,
+    pub grpc_status: Option<u16>,
+    pub store_calls: SmallVec<[StoreCall; 1]>,
+    pub attempts: SmallVec<[Attempt; 1]>,
 }
 
-/// One finished child span (a store call, an upstream attempt).
-pub struct Child {
-    pub name: String,
-    /// `otlp::KIND_INTERNAL` or `otlp::KIND_CLIENT`.
-    pub kind: i32,
+/// What the request looked like when it came.
+pub struct RequestSeen {
+    pub method: http::Method,
+    pub path: String,
+    pub tls: bool,
+    pub client: std::net::IpAddr,
+    pub version: http::Version,
+    pub listener: Arc<str>,
+}
+
+/// One call to the limit store.
+pub struct StoreCall {
     pub start_ns: u64,
     pub end_ns: u64,
-    pub attrs: Vec<KeyValue>,
-    /// Why it failed, if it did.
+    /// `memory` or `redis`.
+    pub store: &'static str,
+    pub checks: usize,
     pub error: Option<String>,
+}
+
+/// One attempt at an upstream target.
+pub struct Attempt {
+    pub target: Arc<str>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The answer's status, if one came.
+    pub status: Option<u16>,
+    /// Why it failed (a listed status counts), if it did.
+    pub failure: Option<&'static str>,
+    /// The request was passed on to another target after it.
+    pub retried: bool,
 }
 
 impl Trace {
@@ -133,33 +183,9 @@ impl Trace {
         self.state.as_ref()
     }
 
-    /// The request's method: the span's name until a route matches.
-    pub fn method(&mut self, method: &str) {
-        self.name = method.to_owned();
-        self.string("http.request.method", method);
-    }
-
-    /// The route that matched: `http.route`, and the span's name.
-    pub fn route(&mut self, name: &str) {
-        self.name = format!("{} {name}", self.name);
-        self.string("http.route", name);
-    }
-
     /// Whether the user and plan may go on the span.
     pub fn names_users(&self) -> bool {
         self.tracer.config.user
-    }
-
-    pub fn attr(&mut self, kv: KeyValue) {
-        self.attrs.push(kv);
-    }
-
-    pub fn string(&mut self, key: &str, v: impl Into<String>) {
-        self.attrs.push(KeyValue::string(key, v));
-    }
-
-    pub fn int(&mut self, key: &str, v: i64) {
-        self.attrs.push(KeyValue::int(key, v));
     }
 
     /// The request was refused (a limit, a ban, a shed) or failed.
@@ -167,35 +193,92 @@ impl Trace {
         self.kept = true;
     }
 
-    pub fn child(&mut self, c: Child) {
-        self.children.push(otlp::Span {
+    fn child(
+        &self,
+        name: String,
+        kind: i32,
+        times: (u64, u64),
+        attributes: Vec<KeyValue>,
+        error: Option<String>,
+    ) -> otlp::Span {
+        otlp::Span {
             trace_id: self.trace_id.0.to_vec(),
             span_id: SpanId::random().0.to_vec(),
             parent_span_id: self.span_id.0.to_vec(),
-            name: c.name,
-            kind: c.kind,
-            start_time_unix_nano: c.start_ns,
-            end_time_unix_nano: c.end_ns.max(c.start_ns),
-            attributes: c.attrs,
-            status: c.error.map(|message| otlp::Status {
+            name,
+            kind,
+            start_time_unix_nano: times.0,
+            end_time_unix_nano: times.1.max(times.0),
+            attributes,
+            status: error.map(|message| otlp::Status {
                 message,
                 code: otlp::STATUS_ERROR,
             }),
             flags: u32::from(self.sampled),
             ..otlp::Span::default()
-        });
+        }
     }
 
-    /// The request ended, `took_ns` after it began: its spans are queued
-    /// for export if the trace is kept.
+    /// The request ended, `took_ns` after it began: its spans are built
+    /// and queued for export if the trace is kept.
     pub fn finish(self, took_ns: u64, status: u16) {
         let keep_anyway = self.tracer.config.keep_refused_and_failed
             && (self.kept || status >= 500 || status == 429);
         if !(self.sampled || keep_anyway) {
             return;
         }
+        let method = self.request.as_ref().map_or("", |r| r.method.as_str());
+        let mut spans: Vec<otlp::Span> = Vec::new();
+        for c in &self.store_calls {
+            let attrs = vec![
+                KeyValue::string("tollgate.store", c.store),
+                KeyValue::int("tollgate.store.checks", c.checks as i64),
+                KeyValue::string(
+                    "tollgate.store.outcome",
+                    if c.error.is_none() { "ok" } else { "error" },
+                ),
+            ];
+            let times = (c.start_ns, c.end_ns);
+            spans.push(self.child(
+                "tollgate.store".into(),
+                otlp::KIND_INTERNAL,
+                times,
+                attrs,
+                c.error.clone(),
+            ));
+        }
+        for a in &self.attempts {
+            let mut attrs = vec![
+                KeyValue::string("server.address", &*a.target),
+                KeyValue::string("http.request.method", method),
+            ];
+            if let Some(status) = a.status {
+                attrs.push(KeyValue::int(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+            }
+            if a.retried {
+                attrs.push(KeyValue::string(
+                    "tollgate.retry_reason",
+                    a.failure.unwrap_or("status"),
+                ));
+            }
+            let error = a.failure.map(str::to_owned);
+            spans.push(self.child(
+                method.to_owned(),
+                otlp::KIND_CLIENT,
+                (a.start_ns, a.end_ns),
+                attrs,
+                error,
+            ));
+        }
+        let name = match &self.route {
+            Some(route) => format!("{method} {route}"),
+            None => method.to_owned(),
+        };
+        let attributes = self.attributes(status);
         let error = (status >= 500).then(|| format!("answered {status}"));
-        let mut spans = self.children;
         spans.push(otlp::Span {
             trace_id: self.trace_id.0.to_vec(),
             span_id: self.span_id.0.to_vec(),
@@ -206,11 +289,11 @@ impl Trace {
                 .unwrap_or_default()
                 .to_owned(),
             parent_span_id: self.parent.map(|p| p.0.to_vec()).unwrap_or_default(),
-            name: self.name,
+            name,
             kind: otlp::KIND_SERVER,
             start_time_unix_nano: self.start_ns,
             end_time_unix_nano: self.start_ns + took_ns,
-            attributes: self.attrs,
+            attributes,
             status: error.map(|message| otlp::Status {
                 message,
                 code: otlp::STATUS_ERROR,
@@ -218,5 +301,72 @@ impl Trace {
             flags: u32::from(self.sampled),
         });
         self.tracer.exporter.queue(spans);
+    }
+
+    /// The server span's attributes (OpenTelemetry's HTTP semantic
+    /// conventions where they have a name, `tollgate.*` where not).
+    fn attributes(&self, status: u16) -> Vec<KeyValue> {
+        let mut a = Vec::with_capacity(16);
+        let s = KeyValue::string;
+        if let Some(r) = &self.request {
+            a.push(s("http.request.method", r.method.as_str()));
+            a.push(s("url.path", r.path.as_str()));
+            a.push(s("url.scheme", if r.tls { "https" } else { "http" }));
+            a.push(KeyValue::string("client.address", r.client.to_string()));
+            let version = match r.version {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            };
+            a.push(s("network.protocol.version", version));
+            a.push(s("tollgate.listener", &r.listener));
+        }
+        a.push(KeyValue::int(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        let texts = [
+            ("http.route", self.route.as_deref()),
+            ("tollgate.rate_limit", self.rate_limit.as_deref()),
+            ("tollgate.upstream", self.upstream.as_deref()),
+            ("tollgate.upstream.target", self.target.as_deref()),
+            ("tollgate.bypass", self.bypass),
+            ("error.type", self.error.as_deref()),
+        ];
+        a.extend(texts.into_iter().filter_map(|(k, v)| Some(s(k, v?))));
+        if self.tracer.config.user {
+            let who = [
+                ("enduser.id", self.user.as_deref()),
+                ("tollgate.plan", self.plan.as_deref()),
+            ];
+            a.extend(who.into_iter().filter_map(|(k, v)| Some(s(k, v?))));
+        }
+        if let Some((limit, retry)) = &self.refused_by {
+            a.push(s("tollgate.refused_by", limit));
+            a.push(KeyValue::int("tollgate.retry_after_s", *retry as i64));
+        }
+        if !self.limits.is_empty() {
+            let decided = self
+                .limits
+                .iter()
+                .map(|(tier, name, what)| format!("{tier}/{name}={what}"));
+            a.push(KeyValue::strings("tollgate.limits", decided));
+        }
+        let ints = [
+            (
+                "tollgate.delay_ms",
+                (self.delay_ms > 0).then_some(self.delay_ms as i64),
+            ),
+            (
+                "tollgate.cost.reserved",
+                self.cost_reserved.map(|c| c as i64),
+            ),
+            ("rpc.grpc.status_code", self.grpc_status.map(i64::from)),
+        ];
+        a.extend(
+            ints.into_iter()
+                .filter_map(|(k, v)| Some(KeyValue::int(k, v?))),
+        );
+        a
     }
 }

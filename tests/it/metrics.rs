@@ -40,7 +40,7 @@ fn text(got: &Got) -> String {
     String::from_utf8(got.body.to_vec()).unwrap()
 }
 
-fn promtool_check(exposition: &str) {
+pub(crate) fn promtool_check(exposition: &str) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

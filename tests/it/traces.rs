@@ -331,13 +331,15 @@ routes: [{{ name: hello, match: {{ path_prefix: / }}, respond: {{ body: hi }} }}
     assert_eq!(last["status"], 429, "{last}");
     assert_eq!(last["trace_id"], hex(&refused.trace_id), "{last}");
     assert_eq!(last["span_id"], hex(&refused.span_id), "{last}");
-    // Requests not kept are logged with their ids too (the upstream saw them).
+    // Requests not kept are logged with their ids too (an upstream may
+    // have recorded them under the same trace).
     assert_eq!(events[0]["trace_id"].as_str().map(str::len), Some(32));
     let metrics = running.metrics().await;
     assert!(
         metrics.contains("tollgate_trace_spans_total{result=\"exported\"} 2"),
         "{metrics}"
     );
+    crate::metrics::promtool_check(&metrics);
 }
 
 /// A target that refuses connections, then one that answers: two attempt

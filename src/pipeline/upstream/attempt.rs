@@ -22,6 +22,7 @@ use super::{held, is_idempotent, Answer, Call, Upstream};
 use crate::error::ProxyError;
 use crate::pipeline::body::RequestBody;
 use crate::pipeline::conn::ConnState;
+use crate::traces::Attempt;
 
 /// What one attempt came to.
 pub(super) enum Tried {
@@ -209,20 +210,7 @@ impl Upstream {
 pub struct Chosen {
     pub target: Option<Arc<str>>,
     /// `None`: not traced (nothing is recorded).
-    pub attempts: Option<Vec<Attempt>>,
-}
-
-/// One attempt at a target, for its span.
-pub struct Attempt {
-    pub target: Arc<str>,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    /// The answer's status, if one came.
-    pub status: Option<u16>,
-    /// Why it failed (a listed status counts), if it did.
-    pub failure: Option<&'static str>,
-    /// The request was passed on to another target after it.
-    pub retried: bool,
+    pub attempts: Option<smallvec::SmallVec<[Attempt; 1]>>,
 }
 
 impl Chosen {

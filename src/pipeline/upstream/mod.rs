@@ -31,7 +31,7 @@ mod resolver;
 mod retry;
 mod target;
 
-pub use self::attempt::{Attempt, Chosen};
+pub use self::attempt::Chosen;
 pub use self::balancer::BalanceKey;
 pub use self::retry::Failure;
 pub use self::target::InFlight;
