@@ -291,26 +291,26 @@ impl Pipeline {
         conn: &ConnInfo,
     ) -> Reply {
         let resolved = self.client_ip.resolve(&conn.client, req.headers());
-        let record = self.access_log.then(|| {
+        // (the span reads the record too)
+        let record = (self.access_log || self.tracer.is_some()).then(|| {
             Box::new(AccessRecord {
                 listener: conn.listener.clone(),
                 client: resolved.client.ip,
                 method: req.method().clone(),
                 path: req.uri().path().to_owned(),
+                tls: conn.tls,
+                version: req.version(),
                 route: None,
                 plan: None,
                 user: None,
                 rate_limit: None,
                 upstream: None,
                 target: None,
-                // nginx's "client closed request", kept if the client goes
-                // away before there is a response.
-                status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             })
         });
         let h2 = req.version() == http::Version::HTTP_2;
         let mut cx = Ctx::new(resolved, self.end(record, conn, h2));
-        traced::begin(self.tracer.as_ref(), &mut cx, req, conn);
+        traced::begin(self.tracer.as_ref(), &mut cx, req);
         let version = req.version();
         let expects_continue = body
             .as_ref()
@@ -414,7 +414,7 @@ impl Pipeline {
             conn.state.clone(),
             self.metrics.clone(),
             self.metrics.listener_index(&conn.listener),
-            h2,
+            (h2, self.access_log),
         )
     }
 

@@ -5,43 +5,31 @@
 //! what the limits did, the target used), so a refused request is logged
 //! with as much as was known when it was refused.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::clock::Clock;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 
 use super::conn::ConnState;
 use crate::config::RouteConfig;
 use crate::limiter::conn::ConnSlot;
 use crate::metrics::Metrics;
 
-/// What the access log line needs, filled in as the request moves along.
-pub struct AccessRecord {
-    pub listener: Arc<str>,
-    pub client: IpAddr,
-    pub method: Method,
-    pub path: String,
-    pub route: Option<Arc<str>>,
-    /// The verified user (a JWT claim, or an API key hash), if any.
-    pub user: Option<String>,
-    /// The caller's plan, if any.
-    pub plan: Option<Arc<str>>,
-    /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
-    pub rate_limit: Option<String>,
-    pub upstream: Option<Arc<str>>,
-    pub target: Option<Arc<str>>,
-    pub status: StatusCode,
-}
+/// What the access log line (and the span) needs, filled in as the
+/// request moves along.
+pub use crate::traces::Seen as AccessRecord;
 
 /// Settles a request when its response body is finished or dropped.
 pub struct RequestEnd {
     started: Instant,
     clock: Clock,
-    /// `None` when the access log is off: nothing is allocated for it.
+    /// `None` when the access log and traces are off: nothing is
+    /// allocated for it.
     record: Option<Box<AccessRecord>>,
+    /// Whether the access log is on (the record may be the span's only).
+    log: bool,
     bytes: u64,
     aborted: bool,
     /// Lets the connection's idle watchdog know a request is running.
@@ -78,13 +66,14 @@ impl RequestEnd {
         conn: Arc<ConnState>,
         metrics: Arc<Metrics>,
         listener: Option<usize>,
-        h2: bool,
+        (h2, log): (bool, bool),
     ) -> Self {
         conn.request_started(h2);
         RequestEnd {
             started: clock.now(),
             clock: clock.clone(),
             record,
+            log,
             bytes: 0,
             aborted: false,
             responding: false,
@@ -118,24 +107,13 @@ impl RequestEnd {
 
     /// The caller's plan, named only when the access log is on.
     pub fn set_plan(&mut self, plan: impl FnOnce() -> Arc<str>) {
-        let traced = self.trace.as_ref().is_some_and(|t| t.names_users());
-        if self.record.is_none() && !traced {
-            return;
-        }
-        let plan = plan();
-        if let Some(t) = self.trace.as_mut().filter(|_| traced) {
-            t.plan = Some(plan.clone());
-        }
         if let Some(r) = self.record.as_mut() {
-            r.plan = Some(plan);
+            r.plan = Some(plan());
         }
     }
 
     pub fn set_status(&mut self, status: StatusCode) {
         self.status = status.as_u16();
-        if let Some(r) = self.record.as_mut() {
-            r.status = status;
-        }
     }
 
     /// A gRPC call's status (`None`: none said yet; a later one wins).
@@ -147,49 +125,30 @@ impl RequestEnd {
 
     pub fn set_route(&mut self, route: &RouteConfig) {
         self.route = route.index;
-        if let Some(t) = self.trace.as_mut() {
-            t.route = Some(route.name.clone());
-        }
         if let Some(r) = self.record.as_mut() {
             r.route = Some(route.name.clone());
         }
     }
 
     pub fn set_rate_limit(&mut self, what: impl FnOnce() -> String) {
-        if self.record.is_none() && self.trace.is_none() {
-            return;
-        }
-        let what = what();
-        if let Some(t) = self.trace.as_mut() {
-            t.rate_limit = Some(what.clone());
-        }
         if let Some(r) = self.record.as_mut() {
-            r.rate_limit = Some(what);
+            r.rate_limit = Some(what());
         }
     }
 
     pub fn set_user(&mut self, user: &str) {
-        if let Some(t) = self.trace.as_mut().filter(|t| t.names_users()) {
-            t.user = Some(user.to_owned());
-        }
         if let Some(r) = self.record.as_mut() {
             r.user = Some(user.to_owned());
         }
     }
 
     pub fn set_upstream(&mut self, name: &Arc<str>) {
-        if let Some(t) = self.trace.as_mut() {
-            t.upstream = Some(name.clone());
-        }
         if let Some(r) = self.record.as_mut() {
             r.upstream = Some(name.clone());
         }
     }
 
     pub fn set_target(&mut self, target: Option<Arc<str>>) {
-        if let Some(t) = self.trace.as_mut() {
-            t.target = target.clone();
-        }
         if let Some(r) = self.record.as_mut() {
             r.target = target;
         }
@@ -238,14 +197,13 @@ impl Drop for RequestEnd {
         }
         let ids = self.trace.take().map(|mut t| {
             t.grpc_status = self.grpc_status;
-            let ids = self
-                .record
-                .is_some()
-                .then(|| (t.trace_id.hex(), t.span_id.hex()));
-            t.finish(took.as_nanos() as u64, self.status);
+            let ids = self.log.then(|| (t.trace_id.hex(), t.span_id.hex()));
+            t.finish(took.as_nanos() as u64, self.status, self.record.as_deref());
             ids
         });
-        let Some(r) = self.record.take() else { return };
+        let Some(r) = self.record.take().filter(|_| self.log) else {
+            return;
+        };
         let (trace_id, span_id) = match ids.as_ref().and_then(|i| i.as_ref()) {
             Some((t, s)) => (Some(t.as_str()), Some(s.as_str())),
             None => (None, None),
@@ -257,7 +215,7 @@ impl Drop for RequestEnd {
             client = %r.client,
             method = %r.method,
             path = %r.path,
-            status = r.status.as_u16(),
+            status = self.status,
             grpc_status = self.grpc_status,
             route = r.route.as_deref().unwrap_or("-"),
             user = r.user.as_deref().unwrap_or("-"),

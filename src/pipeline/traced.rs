@@ -7,29 +7,15 @@ use std::sync::Arc;
 
 use http::Request;
 
-use super::conn::ConnInfo;
 use super::ctx::{Ctx, Rejection};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, Outcome};
-use crate::traces::{RequestSeen, StoreCall, Tracer};
+use crate::traces::{StoreCall, Tracer};
 
 /// Starts the request's span (when traces are on).
-pub(super) fn begin(
-    tracer: Option<&Arc<Tracer>>,
-    cx: &mut Ctx<'_>,
-    req: &Request<()>,
-    conn: &ConnInfo,
-) {
+pub(super) fn begin(tracer: Option<&Arc<Tracer>>, cx: &mut Ctx<'_>, req: &Request<()>) {
     let Some(tracer) = tracer else { return };
-    let mut t = tracer.begin(req.headers(), cx.client.peer_trusted);
-    t.request = Some(RequestSeen {
-        method: req.method().clone(),
-        path: req.uri().path().to_owned(),
-        tls: conn.tls,
-        client: cx.client.client.ip,
-        version: req.version(),
-        listener: conn.listener.clone(),
-    });
+    let t = tracer.begin(req.headers(), cx.client.peer_trusted);
     cx.end.trace = Some(t);
 }
 

@@ -74,13 +74,6 @@ impl Tracer {
             state,
             start_ns,
             kept: false,
-            request: None,
-            route: None,
-            user: None,
-            plan: None,
-            rate_limit: None,
-            upstream: None,
-            target: None,
             refused_by: None,
             error: None,
             limits: SmallVec::new(),
@@ -119,13 +112,6 @@ pub struct Trace {
     start_ns: u64,
     /// Refused or failed: kept whatever the sampling said.
     kept: bool,
-    pub request: Option<RequestSeen>,
-    pub route: Option<Arc<str>>,
-    pub user: Option<String>,
-    pub plan: Option<Arc<str>>,
-    pub rate_limit: Option<String>,
-    pub upstream: Option<Arc<str>>,
-    pub target: Option<Arc<str>>,
     /// The refusing limit and its Retry-After seconds.
     pub refused_by: Option<(Arc<str>, u64)>,
     pub error: Option<String>,
@@ -139,14 +125,25 @@ pub struct Trace {
     pub attempts: SmallVec<[Attempt; 1]>,
 }
 
-/// What the request looked like when it came.
-pub struct RequestSeen {
+/// What a request was found to be as it moved along, stage by stage: its
+/// access-log line and its span both read it (the pipeline's
+/// `AccessRecord`).
+pub struct Seen {
+    pub listener: Arc<str>,
+    pub client: std::net::IpAddr,
     pub method: http::Method,
     pub path: String,
     pub tls: bool,
-    pub client: std::net::IpAddr,
     pub version: http::Version,
-    pub listener: Arc<str>,
+    pub route: Option<Arc<str>>,
+    /// The verified user (a JWT claim, or an API key hash), if any.
+    pub user: Option<String>,
+    /// The caller's plan, if any.
+    pub plan: Option<Arc<str>>,
+    /// What the limits did: `bypass`, `rejected:<limit>`, or nothing.
+    pub rate_limit: Option<String>,
+    pub upstream: Option<Arc<str>>,
+    pub target: Option<Arc<str>>,
 }
 
 /// One call to the limit store.
@@ -183,11 +180,6 @@ impl Trace {
         self.state.as_ref()
     }
 
-    /// Whether the user and plan may go on the span.
-    pub fn names_users(&self) -> bool {
-        self.tracer.config.user
-    }
-
     /// The request was refused (a limit, a ban, a shed) or failed.
     pub fn keep(&mut self) {
         self.kept = true;
@@ -221,13 +213,13 @@ impl Trace {
 
     /// The request ended, `took_ns` after it began: its spans are built
     /// and queued for export if the trace is kept.
-    pub fn finish(self, took_ns: u64, status: u16) {
+    pub fn finish(self, took_ns: u64, status: u16, seen: Option<&Seen>) {
         let keep_anyway = self.tracer.config.keep_refused_and_failed
             && (self.kept || status >= 500 || status == 429);
         if !(self.sampled || keep_anyway) {
             return;
         }
-        let method = self.request.as_ref().map_or("", |r| r.method.as_str());
+        let method = seen.map_or("", |r| r.method.as_str());
         let mut spans: Vec<otlp::Span> = Vec::new();
         for c in &self.store_calls {
             let attrs = vec![
@@ -273,11 +265,11 @@ impl Trace {
                 error,
             ));
         }
-        let name = match &self.route {
+        let name = match seen.and_then(|r| r.route.as_ref()) {
             Some(route) => format!("{method} {route}"),
             None => method.to_owned(),
         };
-        let attributes = self.attributes(status);
+        let attributes = self.attributes(status, seen);
         let error = (status >= 500).then(|| format!("answered {status}"));
         spans.push(otlp::Span {
             trace_id: self.trace_id.0.to_vec(),
@@ -305,10 +297,10 @@ impl Trace {
 
     /// The server span's attributes (OpenTelemetry's HTTP semantic
     /// conventions where they have a name, `tollgate.*` where not).
-    fn attributes(&self, status: u16) -> Vec<KeyValue> {
+    fn attributes(&self, status: u16, seen: Option<&Seen>) -> Vec<KeyValue> {
         let mut a = Vec::with_capacity(16);
         let s = KeyValue::string;
-        if let Some(r) = &self.request {
+        if let Some(r) = seen {
             a.push(s("http.request.method", r.method.as_str()));
             a.push(s("url.path", r.path.as_str()));
             a.push(s("url.scheme", if r.tls { "https" } else { "http" }));
@@ -326,18 +318,27 @@ impl Trace {
             i64::from(status),
         ));
         let texts = [
-            ("http.route", self.route.as_deref()),
-            ("tollgate.rate_limit", self.rate_limit.as_deref()),
-            ("tollgate.upstream", self.upstream.as_deref()),
-            ("tollgate.upstream.target", self.target.as_deref()),
+            ("http.route", seen.and_then(|r| r.route.as_deref())),
+            (
+                "tollgate.rate_limit",
+                seen.and_then(|r| r.rate_limit.as_deref()),
+            ),
+            (
+                "tollgate.upstream",
+                seen.and_then(|r| r.upstream.as_deref()),
+            ),
+            (
+                "tollgate.upstream.target",
+                seen.and_then(|r| r.target.as_deref()),
+            ),
             ("tollgate.bypass", self.bypass),
             ("error.type", self.error.as_deref()),
         ];
         a.extend(texts.into_iter().filter_map(|(k, v)| Some(s(k, v?))));
-        if self.tracer.config.user {
+        if let Some(r) = seen.filter(|_| self.tracer.config.user) {
             let who = [
-                ("enduser.id", self.user.as_deref()),
-                ("tollgate.plan", self.plan.as_deref()),
+                ("enduser.id", r.user.as_deref()),
+                ("tollgate.plan", r.plan.as_deref()),
             ];
             a.extend(who.into_iter().filter_map(|(k, v)| Some(s(k, v?))));
         }
