@@ -657,3 +657,39 @@ fn bad_traces_settings_are_named_by_path_and_check_prints_the_collector() {
         "{printed}"
     );
 }
+
+/// The user (an API key's hash here) is on the span unless `user: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_is_on_the_span_unless_left_out() {
+    for (user, shown) in [("", true), (", user: false", false)] {
+        let collector = Collector::spawn(Duration::ZERO).await;
+        let yaml = format!(
+            "listeners: [{{ bind: '127.0.0.1:0' }}]
+admin: {{ enabled: false }}
+log: {{ access_log: false }}
+identity: {{ api_key: {{ header: x-api-key }} }}
+traces: {{ endpoint: 'http://{}/v1/traces', interval: 20ms {user} }}
+routes: [{{ name: hello, match: {{ path_prefix: / }}, respond: {{ body: hi }} }}]
+",
+            collector.addr
+        );
+        let proxy = TestProxy::spawn(&yaml).await;
+        let got = get_from(
+            "127.0.0.1",
+            proxy.addr(),
+            "/",
+            &[("x-api-key", "a-key-of-some-length")],
+        )
+        .await;
+        assert_eq!(got.status, 200);
+        let span = &collector.servers(1).await[0];
+        let id = text(span, "enduser.id");
+        assert_eq!(id.is_some(), shown, "{user}: {id:?}");
+        if let Some(id) = id {
+            assert!(
+                !id.contains("a-key-of-some-length"),
+                "the key itself never leaves"
+            );
+        }
+    }
+}
