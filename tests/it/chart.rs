@@ -491,7 +491,10 @@ fn a_daemonset_has_no_replicas_nor_budget_and_bad_values_name_themselves() {
         // A misspelt value is refused (values.schema.json), not ignored.
         (json!({"replicas": 3}), "'replicas' not allowed"),
         (json!({"replicaCount": "two"}), "/replicaCount"),
-        (json!({"service": {"exposeAdmn": false}}), "'exposeAdmn' not allowed"),
+        (
+            json!({"service": {"exposeAdmn": false}}),
+            "'exposeAdmn' not allowed",
+        ),
         (json!({"config": {"listeners": []}}), "config.listeners"),
         (
             json!({"config": {"admin": {"bind": "127.0.0.1:9"}}}),

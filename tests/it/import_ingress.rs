@@ -17,7 +17,7 @@ use std::process::{Command, Output, Stdio};
 
 use crate::common::process::BIN;
 use crate::common::*;
-use crate::nginx_differential::{free_port, launch, replay, req, Nginx, Step};
+use crate::nginx_differential::{free_port, launch, replay, req, Nginx, Req, Step};
 
 /// Every corpus case and its reviewed exit code.
 const CASES: &[(&str, i32)] = &[
@@ -33,6 +33,7 @@ const CASES: &[(&str, i32)] = &[
     ("kubectl-list", 0),
     ("v1beta1", 0),
     ("grpc-timeouts", 0),
+    ("controller-configmap", 0),
     ("snippets", 2),
     ("unsupported", 2),
 ];
@@ -512,4 +513,57 @@ async fn a_source_range_decides_like_ingress_nginx() {
         burst(0, 4, "127.0.0.88", "/", "api.test"),
     ];
     differential("source-range", &http, trace).await;
+}
+
+/// The controller's ConfigMap: refusals answered 429, the client read from
+/// X-Forwarded-For sent by the trusted range (127.0.0.2 here), as
+/// ingress-nginx's template writes them (`real_ip_header`,
+/// `real_ip_recursive on`, `set_real_ip_from`); a spoofed header from
+/// elsewhere is ignored.
+#[tokio::test]
+async fn the_controllers_configmap_decides_like_ingress_nginx() {
+    // (its ConfigMap's statuses and body cap in place of the defaults)
+    let http = "
+    limit_req_status 429;
+    limit_conn_status 429;
+    client_max_body_size 8m;
+    real_ip_header X-Forwarded-For;
+    real_ip_recursive on;
+    set_real_ip_from 127.0.0.2/32;
+    geo $remote_addr $allowlist_d2ViX2FwaQ { default 0; }
+    map $allowlist_d2ViX2FwaQ $limit_d2ViX2FwaQ { 0 $binary_remote_addr; 1 \"\"; }
+    limit_req_zone $limit_d2ViX2FwaQ zone=web_api_rps:5m rate=2r/s;
+    server {
+        listen 127.0.0.1:{port};
+        server_name api.test;
+        location / {
+            limit_req zone=web_api_rps burst=10 nodelay;
+            proxy_pass http://{echo};
+        }
+    }";
+    let behind = |from: &'static str, client: &str| Req {
+        from,
+        path: "/",
+        host: "api.test",
+        headers: vec![("x-forwarded-for", client.to_owned())],
+    };
+    let trace = vec![
+        Step::Burst {
+            at: 0,
+            n: 14,
+            req: behind("127.0.0.2", "203.0.113.7"),
+        },
+        Step::Burst {
+            at: 0,
+            n: 3,
+            req: behind("127.0.0.2", "203.0.113.8"),
+        },
+        // Not a trusted peer: its header names nobody; it is the client.
+        Step::Burst {
+            at: 0,
+            n: 5,
+            req: behind("127.0.0.91", "203.0.113.7"),
+        },
+    ];
+    differential("controller-configmap", http, trace).await;
 }

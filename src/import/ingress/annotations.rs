@@ -2,8 +2,6 @@
 //! ingress-nginx reads them (its defaults where one is absent), and a note
 //! for each that is not translated.
 
-use serde_yaml::Value;
-
 use super::{Ingress, IngressNote};
 use crate::import::Severity;
 
@@ -67,16 +65,6 @@ const HARMLESS: &[&str] = &[
     "http2-push-preload",
 ];
 
-/// The value of an annotation as text (YAML may have read `5` as a number).
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
-        _ => String::new(),
-    }
-}
-
 pub(super) fn read(ing: &Ingress, who: &str, notes: &mut Vec<IngressNote>) -> Annotations {
     let mut note = |key: &str, severity: Severity, message: String| {
         notes.push(IngressNote {
@@ -92,7 +80,7 @@ pub(super) fn read(ing: &Ingress, who: &str, notes: &mut Vec<IngressNote>) -> An
     };
     let mut allowlist = None;
     for (key, value) in &ing.metadata.annotations {
-        let value = text(value);
+        let value = super::annotation_text(value);
         let Some(name) = key.strip_prefix(PREFIX) else {
             if key.starts_with("cert-manager.io/") {
                 note(key, Severity::Skipped, "cert-manager issues this Ingress's certificates: keep the Ingress (or write Certificate objects for its Secrets) so they are renewed".into());
@@ -182,7 +170,7 @@ pub(super) fn read(ing: &Ingress, who: &str, notes: &mut Vec<IngressNote>) -> An
 
 /// A comma-separated list of addresses and ranges, each as a CIDR range
 /// (a bare address as its /32 or /128), or the first that is neither.
-fn cidrs(list: &str) -> Result<Vec<String>, String> {
+pub(super) fn cidrs(list: &str) -> Result<Vec<String>, String> {
     list.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -200,7 +188,7 @@ fn cidrs(list: &str) -> Result<Vec<String>, String> {
 
 /// nginx's `client_max_body_size` value as a tollgate size: `8m` -> `8MB`;
 /// `0` (no limit in nginx) -> 1 GB, said in a note.
-fn body_size(v: &str, note: &mut dyn FnMut(String)) -> Option<String> {
+pub(super) fn body_size(v: &str, note: &mut dyn FnMut(String)) -> Option<String> {
     let lower = v.trim().to_ascii_lowercase();
     if lower == "0" {
         note("0 (no limit) written as 1GB".into());
@@ -217,7 +205,7 @@ fn body_size(v: &str, note: &mut dyn FnMut(String)) -> Option<String> {
 }
 
 /// ingress-nginx's timeouts are whole seconds.
-fn seconds(v: &str) -> Option<String> {
+pub(super) fn seconds(v: &str) -> Option<String> {
     let v = v.trim().trim_end_matches('s');
     v.parse::<u64>().ok().map(|n| format!("{n}s"))
 }

@@ -10,6 +10,7 @@
 //!   backends to upstreams, the rate-limit annotations to zones.
 
 mod annotations;
+mod controller;
 mod translate;
 
 use std::collections::BTreeMap;
@@ -160,8 +161,18 @@ pub(crate) type Services = BTreeMap<(String, String), BTreeMap<String, u16>>;
 pub(crate) struct Manifests {
     pub ingresses: Vec<Ingress>,
     pub services: Services,
+    /// ConfigMaps: (namespace, name, data, where read).
+    pub configmaps: Vec<ConfigMapSeen>,
     /// Objects of other kinds, by kind, with their count.
     pub others: BTreeMap<String, usize>,
+}
+
+/// A ConfigMap of the input (the controller's may be among them).
+#[derive(Debug, Default)]
+pub(crate) struct ConfigMapSeen {
+    pub namespace: String,
+    pub name: String,
+    pub data: BTreeMap<String, String>,
 }
 
 /// Why the manifests could not be read at all.
@@ -220,12 +231,7 @@ fn object(value: Value, at: &str, out: &mut Manifests) -> Result<(), String> {
             out.ingresses.push(ingress);
         }
         "Service" => {
-            let meta = value.get("metadata");
-            let field = |k: &str| {
-                meta.and_then(|m| m.get(k))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            };
+            let field = |k: &str| metadata(&value, k);
             let ports = value
                 .get("spec")
                 .and_then(|s| s.get("ports"))
@@ -245,10 +251,40 @@ fn object(value: Value, at: &str, out: &mut Manifests) -> Result<(), String> {
             );
             out.services.insert(key, named);
         }
+        "ConfigMap" => {
+            let field = |k: &str| metadata(&value, k);
+            let data = value
+                .get("data")
+                .and_then(Value::as_mapping)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), annotation_text(v))))
+                .collect();
+            out.configmaps.push(ConfigMapSeen {
+                namespace: field("namespace").unwrap_or_else(|| "default".into()),
+                name: field("name").unwrap_or_default(),
+                data,
+            });
+        }
         "" => return Err("no kind: not a Kubernetes object".into()),
         other => *out.others.entry(other.to_owned()).or_default() += 1,
     }
     Ok(())
+}
+
+/// `metadata.<key>` of an object.
+fn metadata(value: &Value, key: &str) -> Option<String> {
+    value.get("metadata")?.get(key)?.as_str().map(str::to_owned)
+}
+
+/// A scalar as text (YAML may have read `"5"` written bare as a number).
+pub(crate) fn annotation_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => String::new(),
+    }
 }
 
 /// Reads and translates the manifests.

@@ -26,13 +26,6 @@ use crate::config::raw::{
 use crate::import::translate::{without_nulls, yaml_safe};
 use crate::import::Severity;
 
-/// ingress-nginx's `proxy-body-size`, `proxy-connect-timeout` and
-/// `proxy-read-timeout` defaults.
-const BODY_SIZE: &str = "1MB";
-const CONNECT_TIMEOUT: &str = "5s";
-const READ_TIMEOUT: &str = "60s";
-/// ingress-nginx's `limit-req-status-code` / `limit-conn-status-code`.
-const STATUS: &str = "503";
 /// Its zones' shared memory (5m).
 const ZONE_SIZE: &str = "5MB";
 
@@ -45,6 +38,14 @@ struct Out {
     taken: BTreeMap<(String, bool, String), String>,
     secrets: Vec<String>,
     notes: Vec<IngressNote>,
+    /// The statuses of refusals: `limit_req`'s, `limit_conn`'s.
+    statuses: (String, String),
+    /// Trusted peers and the header naming the client, from the
+    /// controller's ConfigMap.
+    real_ip: Option<(Vec<String>, String)>,
+    /// The body cap and the upstream timeouts where no annotation says:
+    /// ingress-nginx's (1m, 5 s, 60 s) or its controller ConfigMap's.
+    defaults: (String, String, String),
 }
 
 impl Out {
@@ -85,10 +86,26 @@ pub fn translate(m: &Manifests, o: &Options) -> IngressImport {
             }
         }
     }
+    let controller = super::controller::read(m, &mut out.notes);
+    out.statuses = (controller.req_status, controller.conn_status);
+    out.real_ip = controller.real_ip;
+    out.defaults = (
+        controller.body_size,
+        controller.connect_timeout,
+        controller.read_timeout,
+    );
     for ing in &m.ingresses {
         ingress(ing, m, o, &exact, &mut out);
     }
     not_found(&mut out);
+    let unread = m.configmaps.len() - usize::from(controller.read.is_some());
+    if unread > 0 {
+        out.note(
+            "input",
+            Severity::Skipped,
+            format!("{unread} ConfigMap object(s) ignored"),
+        );
+    }
     for (kind, n) in &m.others {
         out.note(
             "input",
@@ -270,15 +287,21 @@ fn not_found(out: &mut Out) {
 fn zones(ns: &str, name: &str, a: &Annotations, out: &mut Out) -> Vec<String> {
     let base = label(&format!("{ns}_{name}"));
     let mut names = Vec::new();
+    let (req_status, conn_status) = out.statuses.clone();
     let mut zone = |suffix: &str, rate: String, burst: u64, max_conn: Option<u64>| {
         let name = format!("{base}_{suffix}");
+        let status = if max_conn.is_some() {
+            &conn_status
+        } else {
+            &req_status
+        };
         names.push(name.clone());
         out.zones.push(RawZone {
             name,
             rate: Text(rate),
             burst: Some(Text(burst.to_string())),
             nodelay: Some(true),
-            status: Some(Text::from(STATUS)),
+            status: Some(Text(status.clone())),
             key: Some("ip".into()),
             size: Some(Text::from(ZONE_SIZE)),
             max_conn: max_conn.map(|n| Text(n.to_string())),
@@ -387,12 +410,12 @@ fn upstream(
         connect_timeout: Some(Text(
             a.connect_timeout
                 .clone()
-                .unwrap_or_else(|| CONNECT_TIMEOUT.into()),
+                .unwrap_or_else(|| out.defaults.1.clone()),
         )),
         timeout: Some(Text(
             a.read_timeout
                 .clone()
-                .unwrap_or_else(|| READ_TIMEOUT.into()),
+                .unwrap_or_else(|| out.defaults.2.clone()),
         )),
         protocol: a.h2.then(|| "h2".into()),
         ..RawUpstream::default()
@@ -423,12 +446,17 @@ fn render(out: Out) -> IngressImport {
     let ip_zones = !out.zones.is_empty();
     let config = RawConfig {
         server: Some(RawServer {
-            max_body_size: Some(Text::from(BODY_SIZE)),
+            max_body_size: Some(Text(out.defaults.0.clone())),
             ..RawServer::default()
         }),
         // nginx's $binary_remote_addr: one key per whole address.
-        client_ip: ip_zones.then(|| RawClientIp {
-            ipv6_prefix: Some(Text::from("128")),
+        client_ip: (ip_zones || out.real_ip.is_some()).then(|| RawClientIp {
+            ipv6_prefix: ip_zones.then(|| Text::from("128")),
+            trusted_proxies: out
+                .real_ip
+                .as_ref()
+                .map(|(t, _)| t.iter().map(|c| Text(c.clone())).collect()),
+            headers: out.real_ip.as_ref().map(|(_, h)| vec![h.clone()]),
             ..RawClientIp::default()
         }),
         zones: out.zones.into_iter().map(|z| (String::new(), z)).collect(),
