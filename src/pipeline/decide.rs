@@ -158,12 +158,7 @@ pub async fn decide(engine: &Engine, zones: &[ZoneConfig], cx: &mut Ctx<'_>) -> 
         let checks = checks(zones, route, &batch, &choices, version);
         let start_ns = cx.end.trace.is_some().then(crate::clock::unix_ns);
         let decided = engine.decide(&checks).await;
-        let store = if engine.redis().is_some() {
-            "redis"
-        } else {
-            "memory"
-        };
-        super::traced::store_call(cx, start_ns, store, checks.len(), &decided);
+        super::traced::store_call(cx, start_ns, engine, checks.len(), &decided);
         match decided {
             Err(LimiterError::Stale) => tries += 1,
             decided => {

@@ -195,10 +195,10 @@ impl Drop for RequestEnd {
         if let Some(watch) = self.watch.take() {
             watch.finish(self.metrics.clone(), self.clock.unix_ms(), self.aborted);
         }
-        let ids = self.trace.take().map(|mut t| {
-            t.grpc_status = self.grpc_status;
+        let ids = self.trace.take().map(|t| {
             let ids = self.log.then(|| (t.trace_id.hex(), t.span_id.hex()));
-            t.finish(took.as_nanos() as u64, self.status, self.record.as_deref());
+            let status = (self.status, self.grpc_status);
+            t.finish(took.as_nanos() as u64, status, self.record.as_deref());
             ids
         });
         let Some(r) = self.record.take().filter(|_| self.log) else {

@@ -71,7 +71,7 @@ pub(super) fn decisions(
 pub(super) fn store_call<T, E: std::fmt::Display>(
     cx: &mut Ctx<'_>,
     start_ns: Option<u64>,
-    store: &'static str,
+    engine: &crate::limiter::engine::Engine,
     checks: usize,
     result: &Result<T, E>,
 ) {
@@ -81,7 +81,11 @@ pub(super) fn store_call<T, E: std::fmt::Display>(
     t.store_calls.push(StoreCall {
         start_ns,
         end_ns: crate::clock::unix_ns(),
-        store,
+        store: if engine.redis().is_some() {
+            "redis"
+        } else {
+            "memory"
+        },
         checks,
         error: result.as_ref().err().map(|e| e.to_string()),
     });

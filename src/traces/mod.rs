@@ -21,9 +21,9 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue};
 use smallvec::SmallVec;
 
-pub use self::context::{Parent, SpanId, TraceId};
+pub use self::context::{SpanId, TraceId};
 /// The OTLP messages, for tests and tools that read an export.
-pub use self::otlp::{AnyValue, ExportTraceServiceRequest, KeyValue, Span, Value};
+pub use self::otlp::{ExportTraceServiceRequest, KeyValue, Span, Value};
 use crate::config::TracesConfig;
 
 /// The traces of one running config's requests; shared with the configs a
@@ -80,7 +80,6 @@ impl Tracer {
             delay_ms: 0,
             bypass: None,
             cost_reserved: None,
-            grpc_status: None,
             store_calls: SmallVec::new(),
             attempts: SmallVec::new(),
         })
@@ -120,7 +119,6 @@ pub struct Trace {
     pub delay_ms: u64,
     pub bypass: Option<&'static str>,
     pub cost_reserved: Option<u64>,
-    pub grpc_status: Option<u16>,
     pub store_calls: SmallVec<[StoreCall; 1]>,
     pub attempts: SmallVec<[Attempt; 1]>,
 }
@@ -213,7 +211,7 @@ impl Trace {
 
     /// The request ended, `took_ns` after it began: its spans are built
     /// and queued for export if the trace is kept.
-    pub fn finish(self, took_ns: u64, status: u16, seen: Option<&Seen>) {
+    pub fn finish(self, took_ns: u64, (status, grpc): (u16, Option<u16>), seen: Option<&Seen>) {
         let keep_anyway = self.tracer.config.keep_refused_and_failed
             && (self.kept || status >= 500 || status == 429);
         if !(self.sampled || keep_anyway) {
@@ -269,7 +267,7 @@ impl Trace {
             Some(route) => format!("{method} {route}"),
             None => method.to_owned(),
         };
-        let attributes = self.attributes(status, seen);
+        let attributes = self.attributes((status, grpc), seen);
         let error = (status >= 500).then(|| format!("answered {status}"));
         spans.push(otlp::Span {
             trace_id: self.trace_id.0.to_vec(),
@@ -297,7 +295,7 @@ impl Trace {
 
     /// The server span's attributes (OpenTelemetry's HTTP semantic
     /// conventions where they have a name, `tollgate.*` where not).
-    fn attributes(&self, status: u16, seen: Option<&Seen>) -> Vec<KeyValue> {
+    fn attributes(&self, (status, grpc): (u16, Option<u16>), seen: Option<&Seen>) -> Vec<KeyValue> {
         let mut a = Vec::with_capacity(16);
         let s = KeyValue::string;
         if let Some(r) = seen {
@@ -362,7 +360,7 @@ impl Trace {
                 "tollgate.cost.reserved",
                 self.cost_reserved.map(|c| c as i64),
             ),
-            ("rpc.grpc.status_code", self.grpc_status.map(i64::from)),
+            ("rpc.grpc.status_code", grpc.map(i64::from)),
         ];
         a.extend(
             ints.into_iter()

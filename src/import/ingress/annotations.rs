@@ -195,8 +195,7 @@ pub(super) fn body_size(v: &str, note: &mut dyn FnMut(String)) -> Option<String>
         return Some("1GB".into());
     }
     match lower.chars().last() {
-        Some('k' | 'm' | 'g') => Some(format!("{}B", lower.to_ascii_uppercase())),
-        Some(c) if c.is_ascii_digit() => Some(lower),
+        Some('k' | 'm' | 'g' | '0'..='9') => Some(crate::import::translate::size(&lower)),
         _ => {
             note(format!("\"{v}\" is not a size; the default (1MB) applies"));
             None

@@ -427,7 +427,7 @@ fn duration(v: &str) -> Text {
 }
 
 /// nginx size (`10m`, `8k`, `1024`) as tollgate writes it.
-fn size(v: &str) -> String {
+pub(crate) fn size(v: &str) -> String {
     let lower = v.to_ascii_lowercase();
     match lower.chars().last() {
         Some('k') | Some('m') | Some('g') => format!("{}B", lower.to_ascii_uppercase()),
